@@ -1,0 +1,72 @@
+# Every script a person runs is a make target; CI (.ci/run) calls `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PTT := $(VENV)/bin/ptt
+# Development pins (the package itself only asks for torch>=2.4); a CUDA build that also runs on CPU.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+EXTRAS := dev,data,infer,report
+# Debian packages with real data: Fashion-MNIST and wallpaper photos (see ../shared/ANCHORS.md section 5).
+APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers
+APT_SYSTEM := chromium
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke clean help
+
+help:
+	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
+	@echo "make test   - create .venv, install, lint, type-check and run the whole test suite"
+	@echo "make bench  - run every trick's bench case at full size, results under bench-results/"
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q -e ".[$(EXTRAS)]" $(TORCH_PINS)
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Real data for tests and benchmarks comes from Debian packages; installs only what is missing.
+system-deps:
+	@missing=""; for p in $(APT_DATA) $(APT_SYSTEM); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "warning: missing Debian packages:$$missing (run as root: apt-get install$$missing); tests that need them skip" >&2; \
+	  fi; \
+	fi
+
+demo: setup
+	$(PTT) bench --all --size smoke --out bench-results
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: setup
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+pytest: setup system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: setup system-deps lint typecheck pytest
+
+bench: setup
+	$(PTT) bench --all --size full --out bench-results
+
+bench-smoke: setup
+	$(PTT) bench --all --size smoke --out bench-results
+
+# ---- targets added by the data, loop, model, analysis and tune work go below this line ----
+
+clean:
+	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -1,0 +1,65 @@
+"""pytorchtricks: the PyTorch speed-and-memory trick catalogue as tested, measured one-line calls.
+
+    >>> import pytorchtricks as ptt
+    >>> with ptt.seed_everything(0):
+    ...     pass
+
+Importing this package is cheap and side-effect free: names resolve lazily on first use, CUDA is not
+initialised, and optional dependencies (torchvision, cv2, lmdb, onnx) are imported only by the functions that
+need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it. One line per exported name; grouped as the package is.
+_EXPORTS: dict[str, str] = {
+    # core vocabulary
+    "TrickInfo": "pytorchtricks.core",
+    "BenchCase": "pytorchtricks.core",
+    "PttError": "pytorchtricks.core",
+    "MissingExtraError": "pytorchtricks.core",
+    "NoEffectWarning": "pytorchtricks.core",
+    # catalogue and measuring engine
+    "catalogue": "pytorchtricks.catalogue",
+    "measure": "pytorchtricks.bench.measure",
+    "compare": "pytorchtricks.bench.measure",
+    "peak_memory": "pytorchtricks.bench.measure",
+    "SavedTensorMeter": "pytorchtricks.bench.measure",
+    "environment": "pytorchtricks.bench.measure",
+    # tricks/runtime
+    "enable_cudnn_benchmark": "pytorchtricks.tricks.runtime.enable_cudnn_benchmark",
+    "enable_tf32": "pytorchtricks.tricks.runtime.enable_tf32",
+    "enable_determinism": "pytorchtricks.tricks.runtime.enable_determinism",
+    "seed_everything": "pytorchtricks.tricks.runtime.seed_everything",
+    "seed_worker": "pytorchtricks.tricks.runtime.seed_everything",
+    "seeded_generator": "pytorchtricks.tricks.runtime.seed_everything",
+    # tricks/data
+    # tricks/loop
+    # tricks/model
+    # shards
+    # analysis
+    "check_reproducible": "pytorchtricks.analysis.reproducibility",
+    # tune
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytorchtricks' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    value = mod if module.endswith("." + name) and not hasattr(mod, name) else getattr(mod, name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+

@@ -1,0 +1,463 @@
+"""The measuring engine: the only module in pytorchtricks that reads a clock.
+
+Timing is built on ``torch.utils.benchmark.Timer`` (blocked autorange, thread count pinned) with an explicit
+device synchronisation. A/B comparisons run the variants *interleaved* in rotating order, round after round, so
+slow drift of the machine (thermal, other tenants) hits every variant alike; each round yields one median per
+variant, and ratios are computed per round (paired) before taking their median and IQR.
+
+Memory comes in three kinds, always labelled by ``method``:
+- ``cuda_max_allocated``: ``torch.cuda.max_memory_allocated`` delta on CUDA;
+- ``cpu_tracked``: every CPU allocator event recorded by ``torch.profiler(profile_memory=True)``, replayed to a
+  running total; exact for tensors allocated through PyTorch, blind to allocations outside it;
+- ``rss_subprocess``: the resident-set high-water mark of a child process (everything, but coarse).
+The activation meter counts the bytes autograd saves for backward, exactly, via ``saved_tensors_hooks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------
+# clocks
+
+
+def now_s() -> float:
+    """Monotonic seconds; the one clock every other module uses (deadlines, stage timers)."""
+    return time.perf_counter()
+
+
+def sync(device: torch.device | str | None) -> None:
+    """Wait for queued device work, so a clock read after it sees the work done."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Accumulates wall time per named stage: ``with sw.stage("decode"): ...``; ``sw.totals_s``.
+
+    Example:
+        >>> sw = Stopwatch()
+        >>> with sw.stage("a"):
+        ...     pass
+        >>> list(sw.totals_s)
+        ['a']
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
+        self.totals_s: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str, *, synchronize: bool = False) -> Iterator[None]:
+        if synchronize:
+            sync(self.device)
+        t0 = now_s()
+        try:
+            yield
+        finally:
+            if synchronize:
+                sync(self.device)
+            self.add(name, now_s() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.totals_s[name] = self.totals_s.get(name, 0.0) + seconds
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.totals_s.values())
+
+
+class Deadline:
+    """A time budget: ``Deadline(60).remaining_s``, ``.expired``."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.budget_s = budget_s
+        self.start_s = now_s()
+
+    @property
+    def elapsed_s(self) -> float:
+        return now_s() - self.start_s
+
+    @property
+    def remaining_s(self) -> float:
+        return float("inf") if self.budget_s is None else self.budget_s - self.elapsed_s
+
+    @property
+    def expired(self) -> bool:
+        return self.remaining_s <= 0
+
+
+def time_call(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[Any, float]:
+    """Run ``fn`` once and return ``(result, seconds)``, synchronising the device on both sides."""
+    sync(device)
+    t0 = now_s()
+    out = fn()
+    sync(device)
+    return out, now_s() - t0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# statistics
+
+
+@dataclass
+class Stats:
+    """Summary of repeated timings of one callable (seconds per call)."""
+
+    median_s: float
+    q1_s: float
+    q3_s: float
+    n: int
+    times_s: list[float] = field(repr=False, default_factory=list)
+
+    @property
+    def iqr_s(self) -> float:
+        return self.q3_s - self.q1_s
+
+    @classmethod
+    def of(cls, times_s: list[float]) -> Stats:
+        if not times_s:
+            raise ValueError("no timings to summarise")
+        q1, med, q3 = quantiles(times_s)
+        return cls(median_s=med, q1_s=q1, q3_s=q3, n=len(times_s), times_s=list(times_s))
+
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """(Q1, median, Q3) with linear interpolation; degenerate inputs give equal quartiles.
+
+    Example:
+        >>> quantiles([1.0, 2.0, 3.0, 4.0, 5.0])
+        (2.0, 3.0, 4.0)
+    """
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def _timer_for(device: torch.device | str | None) -> Callable[[], float]:
+    if device is not None and torch.device(device).type == "cuda":
+
+        def timer() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return timer
+    return time.perf_counter
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str | None = "cpu",
+    min_run_time_s: float = 0.2,
+    warmup: int = 1,
+    num_threads: int | None = None,
+) -> Stats:
+    """Time ``fn`` with ``torch.utils.benchmark.Timer.blocked_autorange``; returns per-call statistics.
+
+    Example:
+        >>> s = measure(lambda: sum(range(100)), min_run_time_s=0.01)
+        >>> s.median_s > 0
+        True
+    """
+    from torch.utils.benchmark import Timer
+
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    timer = Timer(
+        stmt="fn()",
+        globals={"fn": fn},
+        num_threads=num_threads or torch.get_num_threads(),
+        timer=_timer_for(device),
+    )
+    m = timer.blocked_autorange(min_run_time=min_run_time_s)
+    return Stats.of(list(m.times))
+
+
+@dataclass
+class VariantResult:
+    """One variant's timing inside an interleaved comparison, relative to the baseline."""
+
+    name: str
+    stats: Stats
+    ratio: float  # baseline median / this median: > 1 means faster than baseline
+    ratio_q1: float
+    ratio_q3: float
+    overlaps_baseline: bool
+
+    @property
+    def note(self) -> str:
+        if self.name == "baseline":
+            return "reference"
+        if self.overlaps_baseline:
+            return "spread overlaps baseline: difference not significant"
+        return "faster" if self.ratio > 1 else "slower"
+
+
+@dataclass
+class Comparison:
+    """Result of ``compare``: one ``VariantResult`` per variant, in the order given."""
+
+    variants: dict[str, VariantResult]
+    rounds: int
+    order: list[list[str]] = field(repr=False, default_factory=list)  # the run order of each round
+
+    def __getitem__(self, name: str) -> VariantResult:
+        return self.variants[name]
+
+
+def compare(
+    variants: Mapping[str, Callable[[], Any]],
+    *,
+    baseline: str = "baseline",
+    rounds: int = 5,
+    min_run_time_s: float = 0.1,
+    device: torch.device | str | None = "cpu",
+    warmup: int = 2,
+    num_threads: int | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> Comparison:
+    """Interleaved A/B(/C...) timing: every round times each variant once, in rotated order.
+
+    Returns per-variant median/IQR over rounds and the paired per-round speed ratio versus ``baseline``.
+    """
+    if baseline not in variants:
+        raise ValueError(f"baseline {baseline!r} is not among the variants {list(variants)}")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    names_ = list(variants)
+    for name in names_:  # warm-up: first calls pay for lazy init, allocator growth, compilation
+        for _ in range(warmup):
+            variants[name]()
+    sync(device)
+    per_round: dict[str, list[float]] = {n: [] for n in names_}
+    order_log: list[list[str]] = []
+    for r in range(rounds):
+        order = names_[r % len(names_) :] + names_[: r % len(names_)]
+        order_log.append(order)
+        for name in order:
+            s = measure(
+                variants[name], device=device, min_run_time_s=min_run_time_s, warmup=0, num_threads=num_threads
+            )
+            per_round[name].append(s.median_s)
+        if on_round is not None:
+            on_round(r)
+    base = Stats.of(per_round[baseline])
+    out: dict[str, VariantResult] = {}
+    for name in names_:
+        st = Stats.of(per_round[name])
+        ratios = [b / v for b, v in zip(per_round[baseline], per_round[name])]
+        rq1, rmed, rq3 = quantiles(ratios)
+        overlap = not (st.q3_s < base.q1_s or st.q1_s > base.q3_s)
+        out[name] = VariantResult(name, st, rmed, rq1, rq3, overlap if name != baseline else True)
+    return Comparison(variants=out, rounds=rounds, order=order_log)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# memory
+
+
+@dataclass
+class MemoryResult:
+    """Peak bytes above the starting level while running a callable, and how they were measured."""
+
+    peak_bytes: int
+    method: str
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = "cpu") -> MemoryResult:
+    """Peak memory that ``fn`` allocates above what was live before it (CUDA allocator or CPU tracking)."""
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        start = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        fn()
+        torch.cuda.synchronize(dev)
+        return MemoryResult(torch.cuda.max_memory_allocated(dev) - start, "cuda_max_allocated")
+    return MemoryResult(cpu_tracked_peak_bytes(fn), "cpu_tracked")
+
+
+def cpu_tracked_peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak of live CPU tensor bytes allocated inside ``fn`` (profiler memory events replayed in order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in events:
+        if "cpu" not in str(e.device_type()).lower():  # DeviceType.CPU; CUDA events are the allocator's job
+            continue
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
+
+
+def rss_peak_subprocess(code: str, *, timeout_s: float = 600) -> MemoryResult:
+    """Run Python ``code`` in a child process and return its resident-set high-water mark."""
+    probe = code + "\nimport resource, sys\nsys.stdout.write('\\n__RSS__%d' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout_s)
+    if res.returncode != 0:
+        raise RuntimeError(f"subprocess failed: {res.stderr.strip()[-2000:]}")
+    kib = int(res.stdout.rsplit("__RSS__", 1)[1])
+    return MemoryResult(kib * 1024, "rss_subprocess")
+
+
+class SavedTensorMeter:
+    """Counts the bytes autograd saves for backward inside the ``with`` block, exactly.
+
+    Tensors are deduplicated by storage (two views of one buffer count once). Parameters (leaf tensors that
+    require grad) are counted separately in ``param_bytes``: they live anyway, so they are not activation memory.
+
+    Example:
+        >>> lin = torch.nn.Linear(4, 3)
+        >>> with SavedTensorMeter() as meter:
+        ...     y = torch.relu(lin(torch.randn(2, 4)))
+        >>> meter.saved_bytes  # input of the Linear (2x4 fp32) and output of the ReLU (2x3 fp32)
+        56
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], int] = {}
+        self._params: dict[tuple[int, int], int] = {}
+        self._ctx: Any = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        key = (st.data_ptr(), st.nbytes()) if t.device.type != "meta" else (id(st), st.nbytes())
+        target = self._params if (t.is_leaf and t.requires_grad) else self._seen
+        target[key] = st.nbytes()
+        return t
+
+    def __enter__(self) -> SavedTensorMeter:
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self._seen.values())
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self._params.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# environment
+
+
+CPU_FLAGS_OF_INTEREST = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "fma",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_info() -> tuple[str, tuple[str, ...]]:
+    model, flags = platform.processor() or platform.machine(), ()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            text = fh.read()
+        for line in text.splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and ":" in line:
+                present = set(line.split(":", 1)[1].split())
+                flags = tuple(f for f in CPU_FLAGS_OF_INTEREST if f in present)
+                break
+    except OSError:
+        pass
+    return model, flags
+
+
+def _git_sha() -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        sha = res.stdout.strip()
+        if res.returncode != 0 or not sha:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device | str | None = "cpu") -> dict[str, Any]:
+    """The fingerprint stored with every result: software, hardware, threads, code version, command line."""
+    dev = torch.device(device or "cpu")
+    cpu_model, flags = _cpu_info()
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model,
+        "cpu": cpu_model,
+        "cpu_flags": list(flags),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "git_sha": _git_sha(),
+        "command": " ".join(sys.argv),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return env
+
+
+def write_jsonl(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
+    """Append rows to a JSONL file (one JSON object per line), creating folders as needed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, default=_json_default, sort_keys=True) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    if isinstance(obj, torch.device | torch.dtype):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,130 @@
+"""Models and inputs that commands and benchmarks share: model specs, shapes, small reference models."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytorchtricks.core import PttError, require
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """Parse ``"1,3,224,224"`` (or ``1x3x224x224``) into a tuple of positive ints.
+
+    Example:
+        >>> parse_shape("1,3,32,32")
+        (1, 3, 32, 32)
+    """
+    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError as exc:
+        raise PttError(f"bad shape {text!r}; write it as comma-separated integers, e.g. 1,3,224,224.") from exc
+    if not shape or any(d <= 0 for d in shape):
+        raise PttError(f"bad shape {text!r}; every dimension must be a positive integer, e.g. 1,3,224,224.")
+    return shape
+
+
+def load_model(spec: str, **kwargs: Any) -> nn.Module:
+    """Build a model from a spec: ``torchvision:NAME``, ``package.module:factory`` or ``path/to/file.py:factory``.
+
+    torchvision models get random weights (nothing is downloaded). Errors say what failed and how to fix it.
+
+    Example:
+        >>> type(load_model("torch.nn:Identity")).__name__
+        'Identity'
+    """
+    if ":" not in spec:
+        raise PttError(
+            f"bad model spec {spec!r}; use torchvision:NAME, package.module:factory or path/to/file.py:factory."
+        )
+    where, name = spec.rsplit(":", 1)
+    factory: Callable[..., Any]
+    if where == "torchvision":
+        tvm = require("torchvision.models", "data", package="torchvision")
+        try:
+            factory = tvm.get_model_builder(name)
+        except ValueError as exc:
+            raise PttError(
+                f"torchvision has no model {name!r}; see torchvision.models.list_models() for names."
+            ) from exc
+        kwargs.setdefault("weights", None)  # never download weights at run time
+    else:
+        module = _import_module_or_file(where)
+        factory = getattr(module, name, None)  # type: ignore[assignment]
+        if factory is None or not callable(factory):
+            raise PttError(f"{where} has no callable {name!r}; check the name after the colon in {spec!r}.")
+    try:
+        model = factory(**kwargs)
+    except Exception as exc:
+        raise PttError(f"calling {spec} failed: {type(exc).__name__}: {exc}. Fix the factory or its arguments.") from exc
+    if not isinstance(model, nn.Module):
+        raise PttError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def _import_module_or_file(where: str) -> Any:
+    if where.endswith(".py") or os.sep in where:
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise PttError(f"no such file {where!r}; give an existing .py file before the colon.")
+        mod_name = "_ptt_user_" + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise PttError(f"cannot import {where!r} as a Python file.")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(mod_name, None)
+            raise PttError(f"importing {where} failed: {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(where)
+    except Exception as exc:
+        raise PttError(
+            f"cannot import module {where!r} ({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH?"
+        ) from exc
+
+
+def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> nn.Module:
+    """A small Conv-BN-ReLU CNN (for 28x28 Fashion-MNIST-like inputs and quick tests)."""
+    w = width
+    return nn.Sequential(
+        nn.Conv2d(in_channels, w, 3, padding=1, bias=False),
+        nn.BatchNorm2d(w),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(w, 2 * w, 3, padding=1, stride=2, bias=False),
+        nn.BatchNorm2d(2 * w),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(2 * w, 4 * w, 3, padding=1, stride=2, bias=False),
+        nn.BatchNorm2d(4 * w),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * w, num_classes),
+    )
+
+
+def randomize_bn_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BatchNorm non-trivial running statistics and affine parameters (exposes fusion bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                n = m.num_features
+                if m.running_mean is not None and m.running_var is not None:
+                    m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+                    m.running_var.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
+                if m.affine:
+                    m.weight.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
+                    m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    return model

@@ -1,0 +1,1 @@
+"""Tricks that touch samples: packing, decoding, caching, prefetching, loader settings, device transforms."""

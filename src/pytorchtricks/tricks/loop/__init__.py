@@ -1,0 +1,1 @@
+"""Tricks that touch the training step: precision, accumulation, checkpointing, optimizers, lr scaling."""

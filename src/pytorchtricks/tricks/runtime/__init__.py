@@ -1,0 +1,1 @@
+"""Process-wide switches: cuDNN benchmark, TF32, seeds, determinism."""
