@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke clean help
+.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table clean help
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -65,6 +65,10 @@ bench: setup
 
 bench-smoke: setup
 	$(PTT) bench --all --size smoke --out bench-results
+
+# Regenerate the README's trick table from the catalogue (tests/test_catalogue.py checks it is in step).
+readme-table: setup
+	$(PY) -m pytorchtricks.report.readme README.md
 
 # ---- targets added by the data, loop, model, analysis and tune work go below this line ----
 

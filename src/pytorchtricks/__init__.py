@@ -39,10 +39,18 @@ _EXPORTS: dict[str, str] = {
     "seed_worker": "pytorchtricks.tricks.runtime.seed_everything",
     "seeded_generator": "pytorchtricks.tricks.runtime.seed_everything",
     # tricks/data
+    "make_loader": "pytorchtricks.tricks.data.make_loader",
+    "cache_in_ram": "pytorchtricks.tricks.data.cache_in_ram",
+    "prefetch_to_device": "pytorchtricks.tricks.data.prefetch_to_device",
+    "device_augment": "pytorchtricks.tricks.data.device_augment",
+    "dataset_on_device": "pytorchtricks.tricks.data.dataset_on_device",
+    "autotune_loader": "pytorchtricks.tricks.data.autotune_loader",
+    "JpegFolder": "pytorchtricks.tricks.data._folder",
     # tricks/loop
     # tricks/model
     # shards
     # analysis
+    "doctor_data": "pytorchtricks.analysis.data_doctor",
     "check_reproducible": "pytorchtricks.analysis.reproducibility",
     # tune
 }
@@ -62,4 +70,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
-

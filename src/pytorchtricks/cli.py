@@ -21,7 +21,8 @@ Handler = Callable[[argparse.Namespace], int]
 def _console() -> Any:
     from rich.console import Console
 
-    return Console()
+    # Piped output (CI logs, files) gets a wide fixed width so tables are not squeezed to 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 # ----------------------------------------------------------------------------------------------- list / show
@@ -46,8 +47,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         sys.stdout.write(catalogue.to_markdown(tricks))
         return 0
     table = Table(title=f"pytorchtricks catalogue ({len(tricks)} tricks)")
-    for col in ("trick", "where", "gains", "phase", "exact", "needs", "what it does"):
-        table.add_column(col)
+    for col in ("trick", "where", "gains", "phase", "exact", "needs"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("what it does", min_width=20)
     for t in tricks:
         table.add_row(
             t.name,
@@ -72,8 +74,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from pytorchtricks import catalogue
 
     t = catalogue.get(args.name)
-    print(f"{t.name}  [{t.where}]  gains: {', '.join(t.info.gains)}  phase: {', '.join(t.info.phase)}  "
-          f"exact: {'yes' if t.info.exact else 'no'}  needs: {', '.join(t.info.needs) or '-'}")
+    print(
+        f"{t.name}  [{t.where}]  gains: {', '.join(t.info.gains)}  phase: {', '.join(t.info.phase)}  "
+        f"exact: {'yes' if t.info.exact else 'no'}  needs: {', '.join(t.info.needs) or '-'}"
+    )
     print(f"call: {', '.join('ptt.' + e for e in t.exports)}")
     print()
     print(t.card.strip())
@@ -89,7 +93,9 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every trick in the catalogue")
     p.add_argument("--size", default="smoke", help="smoke (seconds) or full")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--out", default="bench-results", help="folder for the JSONL results (default: %(default)s)")
+    p.add_argument(
+        "--out", default="bench-results", help="folder for the JSONL results (default: %(default)s)"
+    )
     p.set_defaults(handler=_cmd_bench)
 
 

@@ -36,7 +36,9 @@ class TrickInfo:
     def __post_init__(self) -> None:
         bad = [g for g in self.gains if g not in ("speed", "memory", "reproducibility", "accuracy")]
         if bad or not self.gains:
-            raise ValueError(f"TrickInfo.gains must name speed/memory/reproducibility/accuracy, got {self.gains}")
+            raise ValueError(
+                f"TrickInfo.gains must name speed/memory/reproducibility/accuracy, got {self.gains}"
+            )
         if not self.phase or any(p not in ("train", "infer") for p in self.phase):
             raise ValueError(f"TrickInfo.phase must be train and/or infer, got {self.phase}")
 

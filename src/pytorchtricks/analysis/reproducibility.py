@@ -100,7 +100,9 @@ def check_reproducible(
             ta, tb = a[name], b[name]
             if ta.shape != tb.shape or ta.dtype != tb.dtype:
                 return ReproReport(False, steps, i, name, float("inf"))
-            if not torch.equal(ta, tb) and not bool(torch.isclose(ta, tb, rtol=0, atol=0, equal_nan=True).all()):
+            if not torch.equal(ta, tb) and not bool(
+                torch.isclose(ta, tb, rtol=0, atol=0, equal_nan=True).all()
+            ):
                 diff = (ta.double() - tb.double()).abs().nan_to_num(nan=float("inf")).max().item()
                 return ReproReport(False, steps, i, name, diff)
     return ReproReport(True, steps)

@@ -255,7 +255,11 @@ def compare(
         order_log.append(order)
         for name in order:
             s = measure(
-                variants[name], device=device, min_run_time_s=min_run_time_s, warmup=0, num_threads=num_threads
+                variants[name],
+                device=device,
+                min_run_time_s=min_run_time_s,
+                warmup=0,
+                num_threads=num_threads,
             )
             per_round[name].append(s.median_s)
         if on_round is not None:
@@ -315,7 +319,10 @@ def cpu_tracked_peak_bytes(fn: Callable[[], Any]) -> int:
 
 def rss_peak_subprocess(code: str, *, timeout_s: float = 600) -> MemoryResult:
     """Run Python ``code`` in a child process and return its resident-set high-water mark."""
-    probe = code + "\nimport resource, sys\nsys.stdout.write('\\n__RSS__%d' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    probe = (
+        code
+        + "\nimport resource, sys\nsys.stdout.write('\\n__RSS__%d' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout_s)
     if res.returncode != 0:
         raise RuntimeError(f"subprocess failed: {res.stderr.strip()[-2000:]}")
@@ -327,7 +334,8 @@ class SavedTensorMeter:
     """Counts the bytes autograd saves for backward inside the ``with`` block, exactly.
 
     Tensors are deduplicated by storage (two views of one buffer count once). Parameters (leaf tensors that
-    require grad) are counted separately in ``param_bytes``: they live anyway, so they are not activation memory.
+    require grad, and views of them such as the ``weight.t()`` a Linear saves) are counted separately in
+    ``param_bytes``: they live anyway, so they are not activation memory.
 
     Example:
         >>> lin = torch.nn.Linear(4, 3)
@@ -345,7 +353,8 @@ class SavedTensorMeter:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
         key = (st.data_ptr(), st.nbytes()) if t.device.type != "meta" else (id(st), st.nbytes())
-        target = self._params if (t.is_leaf and t.requires_grad) else self._seen
+        base = t._base if t._base is not None else t  # Linear saves weight.t(): a view of the parameter
+        target = self._params if (base.is_leaf and base.requires_grad) else self._seen
         target[key] = st.nbytes()
         return t
 
@@ -385,7 +394,8 @@ CPU_FLAGS_OF_INTEREST = (
 
 @functools.lru_cache(maxsize=1)
 def _cpu_info() -> tuple[str, tuple[str, ...]]:
-    model, flags = platform.processor() or platform.machine(), ()
+    model: str = platform.processor() or platform.machine()
+    flags: tuple[str, ...] = ()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             text = fh.read()

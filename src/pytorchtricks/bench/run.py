@@ -112,9 +112,7 @@ def bench_many(
         task = bar.add_task("benchmarking", total=len(tricks) * ROUNDS[size] if size in ROUNDS else None)
         for t in tricks:
             bar.update(task, description=f"bench {t.name}")
-            rows.extend(
-                bench_trick(t.name, size=size, device=dev, on_round=lambda _r: bar.advance(task))
-            )
+            rows.extend(bench_trick(t.name, size=size, device=dev, on_round=lambda _r: bar.advance(task)))
     path = None
     if out_dir is not None:
         path = os.path.join(out_dir, f"bench-{size}-{dev.type}.jsonl")

@@ -26,7 +26,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError as exc:
-        raise PttError(f"bad shape {text!r}; write it as comma-separated integers, e.g. 1,3,224,224.") from exc
+        raise PttError(
+            f"bad shape {text!r}; write it as comma-separated integers, e.g. 1,3,224,224."
+        ) from exc
     if not shape or any(d <= 0 for d in shape):
         raise PttError(f"bad shape {text!r}; every dimension must be a positive integer, e.g. 1,3,224,224.")
     return shape
@@ -64,7 +66,9 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
     try:
         model = factory(**kwargs)
     except Exception as exc:
-        raise PttError(f"calling {spec} failed: {type(exc).__name__}: {exc}. Fix the factory or its arguments.") from exc
+        raise PttError(
+            f"calling {spec} failed: {type(exc).__name__}: {exc}. Fix the factory or its arguments."
+        ) from exc
     if not isinstance(model, nn.Module):
         raise PttError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module.")
     return model

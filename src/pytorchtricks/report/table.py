@@ -50,7 +50,9 @@ def render_rich(rows: list[dict[str, Any]], title: str | None = None) -> Any:
 
     table = Table(title=title)
     for col in COLUMNS:
-        table.add_column(col, justify="right" if col not in ("trick", "variant", "note") else "left")
+        table.add_column(
+            col, justify="right" if col not in ("trick", "variant", "note") else "left", no_wrap=col != "note"
+        )
     for row in rows:
         table.add_row(*row_cells(row))
     return table
@@ -77,8 +79,23 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
-    fields = ["trick", "variant", "size", "median_s", "q1_s", "q3_s", "iqr_s", "items_per_s", "unit",
-              "ratio", "ratio_q1", "ratio_q3", "peak_bytes", "peak_method", "note"]
+    fields = [
+        "trick",
+        "variant",
+        "size",
+        "median_s",
+        "q1_s",
+        "q3_s",
+        "iqr_s",
+        "items_per_s",
+        "unit",
+        "ratio",
+        "ratio_q1",
+        "ratio_q3",
+        "peak_bytes",
+        "peak_method",
+        "note",
+    ]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
@@ -99,7 +116,9 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise PttError(f"{path}:{i}: not valid JSON ({exc.msg}); is this a ptt results file?") from exc
+                raise PttError(
+                    f"{path}:{i}: not valid JSON ({exc.msg}); is this a ptt results file?"
+                ) from exc
             if isinstance(row, dict) and row.get("kind") == "bench":
                 rows.append(row)
     return rows

@@ -22,7 +22,7 @@ __all__ = ["enable_cudnn_benchmark"]
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False, needs=("cuda",))
 
 
-class enable_cudnn_benchmark(Switch):  # noqa: N801 - a switch reads like a function, as torch.set_grad_enabled
+class enable_cudnn_benchmark(Switch):
     """Turn ``torch.backends.cudnn.benchmark`` on (or off); as a call or a ``with`` that restores it.
 
     Example:

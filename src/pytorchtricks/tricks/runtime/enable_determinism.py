@@ -26,7 +26,7 @@ TRICK = TrickInfo(gains=("reproducibility",), phase=("train", "infer"), exact=Tr
 CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
 
 
-class enable_determinism(Switch):  # noqa: N801 - a switch reads like a function, as torch.set_grad_enabled
+class enable_determinism(Switch):
     """Deterministic algorithms, deterministic cuDNN, no cuDNN benchmark; as a call or a restoring ``with``.
 
     Example:

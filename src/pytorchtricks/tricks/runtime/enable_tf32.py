@@ -22,7 +22,7 @@ __all__ = ["enable_tf32"]
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False, needs=("cuda",))
 
 
-class enable_tf32(Switch):  # noqa: N801 - a switch reads like a function, as torch.set_grad_enabled
+class enable_tf32(Switch):
     """Allow TF32 in fp32 matmuls and cuDNN convolutions; as a call or a ``with`` that restores the old state.
 
     Example:

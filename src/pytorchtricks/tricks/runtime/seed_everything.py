@@ -30,7 +30,7 @@ TRICK = TrickInfo(gains=("reproducibility",), phase=("train", "infer"), exact=Tr
 _MAX_SEED = 2**32 - 1
 
 
-class seed_everything(Switch):  # noqa: N801 - a switch reads like a function, as torch.set_grad_enabled
+class seed_everything(Switch):
     """Seed ``random``, NumPy's global RNG and torch on all devices; a ``with`` restores the previous RNG states.
 
     Args:
@@ -46,7 +46,11 @@ class seed_everything(Switch):  # noqa: N801 - a switch reads like a function, a
     """
 
     def __init__(self, seed: int, *, workers: bool = True) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= int(seed) <= _MAX_SEED:
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, int | np.integer)
+            or not 0 <= int(seed) <= _MAX_SEED
+        ):
             raise ValueError(f"seed must be an integer in [0, {_MAX_SEED}], got {seed!r}")
         self.seed = int(seed)
         self.workers = workers
@@ -114,7 +118,9 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """What seeding costs per step: a small MLP step unseeded vs re-seeded before the step (and equal results)."""
     n = 64 if size == "smoke" else 1024
     dev = torch.device(device)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Dropout(0.1), torch.nn.Linear(256, 10)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(128, 256), torch.nn.Dropout(0.1), torch.nn.Linear(256, 10)
+    ).to(dev)
     x = torch.randn(n, 128, device=dev)
 
     def step() -> torch.Tensor:
