@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table clean help
+.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -65,6 +65,12 @@ bench: setup
 
 bench-smoke: setup
 	$(PTT) bench --all --size smoke --out bench-results
+
+# On a machine with a CUDA GPU: the GPU tests and every bench case on CUDA; logs and JSONL go to $$OUT if set.
+gpu-check: setup
+	out=$${OUT:-bench-results}; mkdir -p $$out; \
+	$(PY) -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee $$out/gpu-pytest.log; \
+	$(PTT) bench --all --size full --device cuda --out $$out 2>&1 | tee $$out/gpu-bench.log
 
 # Regenerate the README's trick table from the catalogue (tests/test_catalogue.py checks it is in step).
 readme-table: setup
