@@ -1,0 +1,180 @@
+"""Image plumbing shared by the loader, the cache and the doctor: decode hooks, crop boxes, sample adapters.
+
+Not a trick (leading underscore). The decoder is the shards work's ``decode_image`` (crop-aware DCT-scaled decode);
+when that module is absent a small PIL fallback with ``draft`` keeps the pipeline usable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.core import PttError
+
+Box = tuple[int, int, int, int]  # (top, left, height, width) in source-image pixels
+
+
+def decoders() -> tuple[Callable[..., np.ndarray], Callable[[Any], tuple[int, int]]]:
+    """``(decode_image, image_size)``: the shards module's when installed, else the PIL fallback below."""
+    try:
+        from pytorchtricks.tricks.data.decode_image import decode_image, image_size
+
+        return decode_image, image_size
+    except ImportError:
+        return _pil_decode, _pil_size
+
+
+def _pil_open(data: Any) -> Any:
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(bytes(data)))
+
+
+def _pil_size(data: Any) -> tuple[int, int]:
+    w, h = _pil_open(data).size
+    return h, w
+
+
+def _pil_decode(
+    data: Any, *, size: tuple[int, int] | None = None, crop: Box | None = None, **_: Any
+) -> np.ndarray:
+    from PIL import Image
+
+    img = _pil_open(data)
+    if size is not None:  # DCT-scaled decode: keep the (scaled) crop at least as large as the target
+        w0, h0 = img.size
+        ch, cw = (crop[2], crop[3]) if crop else (h0, w0)
+        f = max(1, min(8, int(min(ch / size[0], cw / size[1]))))
+        img.draft("RGB", (max(1, math.ceil(w0 / f)), max(1, math.ceil(h0 / f))))
+        sx, sy = img.size[0] / w0, img.size[1] / h0
+        if crop:
+            t, lf, h, w = crop
+            img = img.crop((lf * sx, t * sy, (lf + w) * sx, (t + h) * sy))
+        img = img.convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    else:
+        img = img.convert("RGB")
+        if crop:
+            t, lf, h, w = crop
+            img = img.crop((lf, t, lf + w, t + h))
+    return np.asarray(img)
+
+
+def rrc_box(
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+) -> Box:
+    """RandomResizedCrop's box (torchvision's algorithm: 10 tries, then a centre crop), always inside the image."""
+    area = height * width
+    log_r = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_r))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        h, w = height, round(height * ratio[1])
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def resize_hwc(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear (area when shrinking a lot) resize of an HxWx3 uint8 array to ``size=(H, W)``."""
+    if arr.shape[0] == size[0] and arr.shape[1] == size[1]:
+        return arr
+    try:
+        import cv2
+
+        shrink = arr.shape[0] >= 2 * size[0] and arr.shape[1] >= 2 * size[1]
+        return cv2.resize(
+            arr, (size[1], size[0]), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+        )
+    except ImportError:
+        from PIL import Image
+
+        return np.asarray(
+            Image.fromarray(np.ascontiguousarray(arr)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        )
+
+
+def is_encoded(x: Any) -> bool:
+    """True for encoded image bytes (bytes, memoryview, 1-D uint8 array); False for decoded pixels."""
+    return isinstance(x, bytes | bytearray | memoryview) or (isinstance(x, np.ndarray) and x.ndim == 1)
+
+
+def to_hwc(x: Any) -> np.ndarray:
+    """Decoded pixels (PIL image, HxWx3 array, 3xHxW tensor, HxW gray) -> HxWx3 uint8 array."""
+    if hasattr(x, "convert") and hasattr(x, "size"):  # PIL image
+        return np.asarray(x.convert("RGB"))
+    if hasattr(x, "numpy") and hasattr(x, "permute"):  # torch tensor, CHW
+        if x.ndim == 3 and x.shape[0] in (1, 3):
+            x = x.permute(1, 2, 0)
+        x = x.numpy()
+    arr = np.asarray(x)
+    if arr.dtype != np.uint8:
+        raise PttError(f"images must be uint8, got {arr.dtype}; convert (or decode) to uint8 pixels first.")
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.ndim != 3:
+        raise PttError(f"expected an HxWx3 image, got shape {arr.shape}.")
+    if arr.shape[2] == 1:
+        arr = np.repeat(arr, 3, axis=2)
+    return arr
+
+
+def read_item(dataset: Any, i: int) -> tuple[Any, int]:
+    """``(raw_or_pixels, label)`` of sample ``i``: ``read_raw`` when the dataset has it (shards, cache), else ``[i]``."""
+    item = dataset.read_raw(i) if hasattr(dataset, "read_raw") else dataset[i]
+    if not isinstance(item, tuple | list) or len(item) < 2:
+        raise PttError(
+            f"dataset[{i}] must return (image, label[, extras]); got {type(item).__name__}. Wrap the dataset so "
+            "it returns an image (bytes, PIL, array or tensor) and an integer label."
+        )
+    return item[0], int(item[1])
+
+
+class SampleMaker:
+    """Picklable per-sample pipeline: raw -> (crop box -> crop-aware decode or crop+resize) -> flip -> HxWx3."""
+
+    def __init__(
+        self,
+        crop: tuple[int, int] | None,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        flip: bool,
+        backend: str = "auto",
+    ) -> None:
+        self.crop, self.scale, self.ratio, self.flip, self.backend = crop, scale, ratio, flip, backend
+
+    def __call__(self, raw: Any, rng: np.random.Generator) -> np.ndarray:
+        decode, size_of = decoders()
+        if is_encoded(raw):
+            if self.crop is None:
+                arr = decode(raw, backend=self.backend)
+            else:
+                box = rrc_box(*size_of(raw), self.scale, self.ratio, rng)
+                arr = decode(raw, crop=box, size=self.crop, backend=self.backend)
+        else:
+            arr = to_hwc(raw)
+            if self.crop is not None:
+                t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], self.scale, self.ratio, rng)
+                arr = resize_hwc(arr[t : t + h, lf : lf + w], self.crop)
+        if self.flip and rng.random() < 0.5:
+            arr = arr[:, ::-1]
+        return arr
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The random stream of one sample in one epoch: independent of worker count and rank (reproducible)."""
+    return np.random.Generator(np.random.PCG64([seed, epoch, index]))
