@@ -234,10 +234,13 @@ def compare(
     warmup: int = 2,
     num_threads: int | None = None,
     on_round: Callable[[int], None] | None = None,
+    before_block: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Interleaved A/B(/C...) timing: every round times each variant once, in rotated order.
 
     Returns per-variant median/IQR over rounds and the paired per-round speed ratio versus ``baseline``.
+    ``before_block(name)``, when given, runs untimed right before each timed block of a variant (e.g. to drain
+    a loader queue that worker processes filled while the other variants were being timed).
     """
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not among the variants {list(variants)}")
@@ -254,6 +257,8 @@ def compare(
         order = names_[r % len(names_) :] + names_[: r % len(names_)]
         order_log.append(order)
         for name in order:
+            if before_block is not None:
+                before_block(name)
             s = measure(
                 variants[name],
                 device=device,
