@@ -47,7 +47,11 @@ _EXPORTS: dict[str, str] = {
     "autotune_loader": "pytorchtricks.tricks.data.autotune_loader",
     "JpegFolder": "pytorchtricks.tricks.data._folder",
     # tricks/loop
+    "mixed_precision": "pytorchtricks.tricks.loop.mixed_precision",
     # tricks/model
+    "remove_conv_bias_before_bn_": "pytorchtricks.tricks.model.remove_conv_bias_before_bn",
+    "to_channels_last_": "pytorchtricks.tricks.model.to_channels_last",
+    "compile_": "pytorchtricks.tricks.model.compile",
     # shards
     # analysis
     "doctor_data": "pytorchtricks.analysis.data_doctor",
