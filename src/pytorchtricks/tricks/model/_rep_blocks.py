@@ -6,6 +6,8 @@ equivalent single-branch deploy form. ``ptt.reparameterize_(model)`` calls it on
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,7 +15,7 @@ from torch import nn
 from pytorchtricks.core import PttError
 
 
-def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+def _fold(conv: Any, bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel and bias of conv followed by eval-mode BN, in float64."""
     std = (bn.running_var.double() + bn.eps).sqrt()
     scale = bn.weight.double() / std
@@ -46,7 +48,7 @@ def _conv_bn(
     )
 
 
-def _deploy_conv(block: nn.Module, like: nn.Conv2d, kernel: torch.Tensor, bias: torch.Tensor) -> nn.Conv2d:
+def _deploy_conv(block: nn.Module, like: Any, kernel: torch.Tensor, bias: torch.Tensor) -> nn.Conv2d:
     if block.training:
         raise PttError(f"{type(block).__name__}.reparameterize_ needs eval mode: call model.eval() first.")
     conv = nn.Conv2d(
@@ -60,7 +62,7 @@ def _deploy_conv(block: nn.Module, like: nn.Conv2d, kernel: torch.Tensor, bias: 
     ).to(device=like.weight.device, dtype=like.weight.dtype)
     with torch.no_grad():
         conv.weight.copy_(kernel.to(like.weight.dtype))
-        conv.bias.copy_(bias.to(like.weight.dtype))
+        conv.bias.copy_(bias.to(like.weight.dtype))  # type: ignore[union-attr]
     return conv
 
 
@@ -164,8 +166,8 @@ def repvgg_net(
     groups: int = 1,
 ) -> nn.Sequential:
     """A RepVGG-A0-shaped classifier (first block of each stage strides by 2); small defaults for tests."""
-    layers: list[nn.Module] = [RepVGGBlock(in_channels, widths[0] // 2 if widths[0] > 32 else widths[0], 2)]
-    c = layers[0].out_channels  # type: ignore[assignment]
+    c = widths[0] // 2 if widths[0] > 32 else widths[0]
+    layers: list[nn.Module] = [RepVGGBlock(in_channels, c, 2)]
     for w, d in zip(widths, depths):
         for i in range(d):
             g = groups if (i % 2 == 1 and c == w) else 1
