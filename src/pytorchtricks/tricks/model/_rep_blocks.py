@@ -27,7 +27,7 @@ def _fold(conv: Any, bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fold_identity(
-    bn: nn.BatchNorm2d, channels: int, groups: int, k: int
+    bn: Any, channels: int, groups: int, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The identity branch as a k x k kernel (1 at the centre of each channel's own input), folded with ``bn``."""
     per_group = channels // groups
