@@ -26,9 +26,7 @@ def _fold(conv: Any, bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return kernel, bias
 
 
-def _fold_identity(
-    bn: Any, channels: int, groups: int, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _fold_identity(bn: Any, channels: int, groups: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The identity branch as a k x k kernel (1 at the centre of each channel's own input), folded with ``bn``."""
     per_group = channels // groups
     ident = torch.zeros(channels, per_group, k, k, dtype=torch.float64, device=bn.running_mean.device)
