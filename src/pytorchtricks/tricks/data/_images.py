@@ -6,6 +6,8 @@ when that module is absent a small PIL fallback with ``draft`` keeps the pipelin
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,14 +19,16 @@ from pytorchtricks.core import PttError
 Box = tuple[int, int, int, int]  # (top, left, height, width) in source-image pixels
 
 
+@functools.lru_cache(maxsize=1)
 def decoders() -> tuple[Callable[..., np.ndarray], Callable[[Any], tuple[int, int]]]:
-    """``(decode_image, image_size)``: the shards module's when installed, else the PIL fallback below."""
-    try:
-        from pytorchtricks.tricks.data.decode_image import decode_image, image_size
-
-        return decode_image, image_size
-    except ImportError:
-        return _pil_decode, _pil_size
+    """``(decode_image, image_size)``: the shards work's when present, else the PIL fallback below."""
+    for module in ("pytorchtricks.tricks.data.decode_image", "pytorchtricks.shards.jpeg"):
+        try:
+            mod = importlib.import_module(module)
+            return mod.decode_image, mod.image_size
+        except (ImportError, AttributeError):
+            continue
+    return _pil_decode, _pil_size
 
 
 def _pil_open(data: Any) -> Any:

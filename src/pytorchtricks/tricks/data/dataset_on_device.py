@@ -33,6 +33,15 @@ def _free_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _check_fits(need: int, dev: torch.device, reserve: float) -> None:
+    free = _free_bytes(dev)
+    if need > (1 - reserve) * free:
+        raise PttError(
+            f"the dataset needs {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB is free on {dev} (keeping "
+            f"{reserve:.0%} in reserve); use make_loader + cache_in_ram instead, or a smaller image size."
+        )
+
+
 class DeviceDataset:
     """Batches ``(images uint8 [B, C, H, W], labels [B])`` from tensors resident on one device."""
 
@@ -104,14 +113,8 @@ def dataset_on_device(
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     dev = resolve_device(device)
     labels = torch.as_tensor(labels)
-    need = images.nbytes + labels.nbytes
-    on_device = images.device == dev
-    free = _free_bytes(dev)
-    if not on_device and need > (1 - reserve) * free:
-        raise PttError(
-            f"the dataset needs {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB is free on {dev} (keeping "
-            f"{reserve:.0%} in reserve); use make_loader + cache_in_ram instead, or a smaller image size."
-        )
+    if images.device != dev:  # already resident: nothing new to allocate
+        _check_fits(images.nbytes + labels.nbytes, dev, reserve)
     return DeviceDataset(
         images.to(dev),
         labels.to(dev),

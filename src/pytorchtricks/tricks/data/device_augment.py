@@ -12,12 +12,13 @@ See also: prefetch_to_device, dataset_on_device, make_loader; airbench, DALI; é¢
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 
 __all__ = [
     "device_augment",
@@ -189,6 +190,13 @@ def device_augment(
         torch.Size([4, 3, 24, 24])
     """
     _check(images)
+    if crop is None and not flip and not translate and not cutout:
+        warnings.warn(
+            "device_augment: every transform is off; the batch is returned unchanged.",
+            NoEffectWarning,
+            stacklevel=2,
+        )
+        return images
     if crop is not None:
         images = batch_random_resized_crop(images, crop, scale=scale, generator=generator)
     if flip:

@@ -1,0 +1,84 @@
+"""cache_in_ram: pixels equal a fresh decode, refuses budgets it cannot meet (falls back), one copy per node."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.tricks.data._images import decoders
+from pytorchtricks.tricks.data.cache_in_ram import CachedDataset, cache_in_ram
+from pytorchtricks.tricks.data.make_loader import _photo_bytes
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> list[tuple[bytes, int]]:
+    return [(raw, i) for i, (raw, _) in enumerate(_photo_bytes(12, (60, 80)))]
+
+
+def test_arena_holds_decoded_resized_pixels(jpegs, tmp_path):
+    cached = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    assert isinstance(cached, CachedDataset) and len(cached) == 12
+    decode, _ = decoders()
+    for i in (0, 5, 11):
+        arr, label, _ = cached.read_raw(i)
+        assert label == i and arr.shape == (30, 40, 3)  # short side 30, aspect kept
+        np.testing.assert_array_equal(arr, decode(jpegs[i][0], size=(30, 40)))
+    assert cached.nbytes == 12 * 30 * 40 * 3
+    clone = pickle.loads(pickle.dumps(cached))  # workers re-map the file by path, they do not copy the pixels
+    assert clone._arena is None and np.array_equal(clone.read_raw(3)[0], cached.read_raw(3)[0])
+
+
+def test_second_call_reuses_the_arena(jpegs, tmp_path):
+    a = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    b = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    assert a.path == b.path
+    with pytest.warns(NoEffectWarning, match="already cached"):
+        assert cache_in_ram(a) is a
+
+
+def test_refuses_a_budget_it_cannot_meet_and_falls_back(jpegs, tmp_path):
+    need = 12 * 30 * 40 * 3
+    with pytest.warns(NoEffectWarning, match="refused"):
+        out = cache_in_ram(
+            jpegs, size=30, budget=need, cache_dir=str(tmp_path), num_workers=0
+        )  # no margin left
+    assert out is jpegs
+    assert not list(tmp_path.iterdir()), "a refused cache must not leave files behind"
+    with pytest.raises(PttError, match="raise budget"):
+        cache_in_ram(jpegs, size=30, budget=need, cache_dir=str(tmp_path), num_workers=0, strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok = cache_in_ram(jpegs, size=30, budget=2 * need, cache_dir=str(tmp_path), num_workers=0)
+    assert isinstance(ok, CachedDataset)
+
+
+def test_gives_up_cleanly_when_the_sample_underestimates(tmp_path):
+    # one big image among small ones: the sample of 1 sees a small one, the build passes the budget
+    small = [(torch.zeros(3, 8, 8, dtype=torch.uint8), i) for i in range(9)]
+    data = [*small, (torch.zeros(3, 64, 64, dtype=torch.uint8), 9)]
+    with pytest.warns(NoEffectWarning, match="gave up"):
+        out = cache_in_ram(data, size=None, budget=3000, cache_dir=str(tmp_path), num_workers=0, sample=1)
+    assert out is data and not list(tmp_path.iterdir())
+
+
+def test_other_local_ranks_map_rank_zero_copy(jpegs, tmp_path, monkeypatch):
+    built = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    other = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    assert other.path == built.path  # same file: one copy per node
+    with pytest.raises(PttError, match="local rank 0"):
+        cache_in_ram(jpegs, size=20, cache_dir=str(tmp_path), num_workers=0, wait_s=0.2)
+
+
+def test_streams_are_refused(tmp_path):
+    class S(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ()
+
+    with pytest.raises(PttError, match="map-style"):
+        cache_in_ram(S(), cache_dir=str(tmp_path))

@@ -1,0 +1,181 @@
+"""make_loader: exactly once per epoch across workers and simulated ranks (cache on/off), seeding, outputs."""
+
+from __future__ import annotations
+
+import glob
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import pytorchtricks as ptt
+from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
+
+N = 37  # prime: no batch size or world size divides it
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> list[tuple[bytes, int]]:
+    """JPEG bytes labelled by their index, so a label identifies the sample."""
+    return [(raw, i) for i, (raw, _) in enumerate(_photo_bytes(N, (60, 80)))]
+
+
+def _labels(loader: object) -> list[int]:
+    return [int(v) for _, y in loader for v in y]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exactly_once_across_workers_and_ranks(jpegs, tmp_path, cache, workers):
+    data = jpegs
+    if cache:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the cache must really be built here, not fall back
+            data = ptt.cache_in_ram(jpegs, size=48, cache_dir=str(tmp_path), num_workers=0)
+        assert isinstance(data, ptt.cache_in_ram.__globals__["CachedDataset"])
+    for world in (1, 2):
+        seen: list[int] = []
+        for rank in range(world):
+            loader = make_loader(
+                data, 4, crop=32, num_workers=workers, drop_last=False, rank=rank, world_size=world, seed=3
+            )
+            labels = _labels(loader)
+            assert len(loader) == -(-len(labels) // 4)
+            seen += labels
+        assert sorted(seen) == list(range(N)), f"world={world}: samples lost or repeated"
+
+
+def test_drop_last_gives_equal_steps_per_rank_and_no_repeats(jpegs):
+    per_rank = []
+    seen: list[int] = []
+    for rank in range(3):
+        loader = make_loader(jpegs, 5, crop=16, num_workers=0, rank=rank, world_size=3)
+        batches = list(loader)
+        per_rank.append(len(batches))
+        assert all(x.shape[0] == 5 for x, _ in batches)
+        seen += [int(v) for _, y in batches for v in y]
+    assert len(set(per_rank)) == 1 and per_rank[0] == (N // 3) // 5
+    assert len(seen) == len(set(seen))
+
+
+def test_epochs_reshuffle_and_are_seeded_independent_of_workers(jpegs):
+    a = make_loader(jpegs, 8, crop=24, num_workers=0, seed=1)
+    b = make_loader(jpegs, 8, crop=24, num_workers=2, seed=1)
+    ea, eb = [list(a) for _ in range(2)], [list(b) for _ in range(2)]
+    for epoch in range(2):
+        for (xa, ya), (xb, yb) in zip(ea[epoch], eb[epoch]):
+            torch.testing.assert_close(xa, xb, rtol=0, atol=0)
+            assert torch.equal(ya, yb)
+    assert not torch.equal(ea[0][0][1], ea[1][0][1]), "epoch 2 must reshuffle"
+    a.set_epoch(0)
+    torch.testing.assert_close(next(iter(a))[0], ea[0][0][0], rtol=0, atol=0)
+    c = make_loader(jpegs, 8, crop=24, num_workers=0, seed=2)
+    assert not torch.equal(next(iter(c))[1], ea[0][0][1])
+
+
+def test_outputs_are_uint8_nchw_with_int64_labels(jpegs):
+    x, y = next(iter(make_loader(jpegs, 6, crop=(20, 30), num_workers=0)))
+    assert x.shape == (6, 3, 20, 30) and x.dtype == torch.uint8
+    assert y.dtype == torch.int64 and y.shape == (6,)
+    assert x.float().std() > 0  # real pixels, not an empty buffer
+
+
+def test_any_map_style_dataset_pil_tensor_and_crop_none():
+    g = torch.Generator().manual_seed(0)
+    tensors = [(torch.randint(0, 256, (3, 10, 12), dtype=torch.uint8, generator=g), i) for i in range(6)]
+    pil = [(Image.fromarray(t.permute(1, 2, 0).numpy()), i) for t, i in tensors]
+    for ds in (tensors, pil):
+        x, y = next(iter(make_loader(ds, 6, crop=None, flip=False, shuffle=False, num_workers=0)))
+        for k in range(6):
+            assert torch.equal(x[k], tensors[int(y[k])][0])
+
+
+def test_flip_is_exact_mirror_and_both_outcomes_occur():
+    g = torch.Generator().manual_seed(1)
+    ds = [(torch.randint(0, 256, (3, 7, 9), dtype=torch.uint8, generator=g), i) for i in range(40)]
+    flipped = 0
+    for x, y in make_loader(ds, 10, crop=None, flip=True, num_workers=0):
+        for k in range(len(y)):
+            src = ds[int(y[k])][0]
+            if torch.equal(x[k], src.flip(-1)):
+                flipped += 1
+            else:
+                assert torch.equal(x[k], src)
+    assert 5 < flipped < 35
+
+
+def test_stream_dataset_is_split_by_its_workers():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            wid, nw = (info.id, info.num_workers) if info else (0, 1)
+            for i in range(wid, 23, nw):
+                yield torch.full((3, 8, 8), i, dtype=torch.uint8), i, {}
+
+    labels = sorted(_labels(make_loader(Stream(), 4, crop=None, drop_last=False, num_workers=2)))
+    assert labels == list(range(23))
+
+
+def test_misuse_raises_with_the_fix():
+    ds = [(torch.zeros(3, 8, 8, dtype=torch.uint8), 0), (torch.zeros(3, 9, 8, dtype=torch.uint8), 1)]
+    with pytest.raises(PttError, match="crop=N"):
+        next(iter(make_loader(ds, 2, crop=None, num_workers=0)))
+    with pytest.raises(PttError, match="batch_size"):
+        make_loader(ds, 0)
+    with pytest.raises(PttError, match="rank"):
+        make_loader(ds, 1, rank=2, world_size=2)
+    with pytest.raises(PttError, match="image, label"):
+        next(iter(make_loader([torch.zeros(3, 4, 4)] * 2, 2, num_workers=0)))
+
+
+def _photo_tiles(tmp_path, n: int) -> str | None:
+    srcs = sorted(glob.glob("/usr/share/backgrounds/mate/nature/*.jpg"))
+    if not srcs:
+        return None
+    img = Image.open(srcs[0]).convert("RGB")
+    img.draft("RGB", (img.size[0] // 4, img.size[1] // 4))
+    for i in range(n):
+        d = tmp_path / f"c{i % 2}"
+        d.mkdir(exist_ok=True)
+        box = (i * 7, i * 5, i * 7 + 160, i * 5 + 120)
+        buf = io.BytesIO()
+        img.crop(box).save(buf, "JPEG", quality=85)
+        (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+    return str(tmp_path)
+
+
+def test_real_photo_folder_scaled_decode_matches_full_decode(tmp_path):
+    root = _photo_tiles(tmp_path, 12)
+    if root is None:
+        pytest.skip("mate-backgrounds is not installed (apt-get install mate-backgrounds)")
+    ds = ptt.JpegFolder(root)
+    assert len(ds) == 12 and ds.classes == ["c0", "c1"]
+    # scale 1 at the photos' own aspect ratio: the box is the whole image, the output the resized photo
+    loader = make_loader(
+        ds,
+        12,
+        crop=(60, 80),
+        scale=(1.0, 1.0),
+        ratio=(4 / 3, 4 / 3),
+        flip=False,
+        shuffle=False,
+        num_workers=0,
+    )
+    x, y = next(iter(loader))
+    assert y.tolist() == ds.labels.tolist()
+    for k in (0, 11):
+        ref = np.asarray(Image.open(ds.path(k)).convert("RGB").resize((80, 60), Image.Resampling.BOX))
+        err = np.abs(x[k].permute(1, 2, 0).numpy().astype(int) - ref.astype(int)).mean()
+        assert err < 6, (
+            f"scaled decode differs from full decode + resize by {err:.1f} (mean abs, pixel units)"
+        )
+
+
+def test_no_effect_warning_not_raised_for_normal_use(jpegs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        next(iter(make_loader(jpegs, 4, crop=16, num_workers=0)))
