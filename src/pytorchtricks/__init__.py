@@ -52,10 +52,14 @@ _EXPORTS: dict[str, str] = {
     "remove_conv_bias_before_bn_": "pytorchtricks.tricks.model.remove_conv_bias_before_bn",
     "to_channels_last_": "pytorchtricks.tricks.model.to_channels_last",
     "compile_": "pytorchtricks.tricks.model.compile",
+    "inplace_activations_": "pytorchtricks.tricks.model.inplace_activations",
     # shards
     # analysis
     "doctor_data": "pytorchtricks.analysis.data_doctor",
     "check_reproducible": "pytorchtricks.analysis.reproducibility",
+    "lint": "pytorchtricks.analysis.lint",
+    "apply_lint_fixes_": "pytorchtricks.analysis.lint",
+    "count_flops": "pytorchtricks.analysis.flops",
     # tune
 }
 
