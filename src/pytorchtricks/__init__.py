@@ -48,10 +48,15 @@ _EXPORTS: dict[str, str] = {
     "JpegFolder": "pytorchtricks.tricks.data._folder",
     # tricks/loop
     "mixed_precision": "pytorchtricks.tricks.loop.mixed_precision",
+    "fast_optimizer": "pytorchtricks.tricks.loop.fast_optimizer",
+    "scale_lr": "pytorchtricks.tricks.loop.scale_lr",
+    "warmup_schedule": "pytorchtricks.tricks.loop.scale_lr",
     # tricks/model
     "remove_conv_bias_before_bn_": "pytorchtricks.tricks.model.remove_conv_bias_before_bn",
     "to_channels_last_": "pytorchtricks.tricks.model.to_channels_last",
     "compile_": "pytorchtricks.tricks.model.compile",
+    "freeze_": "pytorchtricks.tricks.model.freeze",
+    "unfreeze_": "pytorchtricks.tricks.model.freeze",
     "inplace_activations_": "pytorchtricks.tricks.model.inplace_activations",
     # shards
     # analysis

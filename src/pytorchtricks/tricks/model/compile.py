@@ -22,7 +22,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
 
-__all__ = ["compile_", "compile_settings"]
+__all__ = ["compile_"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 

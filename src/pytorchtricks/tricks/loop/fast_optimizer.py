@@ -1,0 +1,108 @@
+"""Build a torch optimizer with its fastest implementation for the device: fused on CUDA, foreach elsewhere.
+
+Why: the default per-parameter loop launches several small kernels per tensor; ``foreach`` batches them into
+multi-tensor kernels and ``fused`` does the whole update in one kernel per dtype/device - a large win for models
+with many small tensors, especially on GPUs where launch overhead dominates.
+When: always; it is the same math. Pair with ``optimizer.zero_grad(set_to_none=True)`` (the default here).
+Caveats: fused needs floating-point CUDA parameters and exists for sgd, adam, adamw and adagrad; others fall back
+to foreach. Results equal the default implementation within float rounding (tested). Mixed fp16 parameters
+with fused + GradScaler: let the scaler drive ``step``.
+See also: flatten_parameters_, mixed_precision, 对优化器的优化 / foreach & fused.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytorchtricks.core import BenchCase, PttError, TrickInfo
+
+__all__ = ["fast_optimizer"]
+
+TRICK = TrickInfo(gains=("speed",), phase=("train",), exact=True)
+
+_OPTIMIZERS: dict[str, str] = {
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "adagrad": "Adagrad",
+    "rmsprop": "RMSprop",
+    "nadam": "NAdam",
+    "radam": "RAdam",
+    "adamax": "Adamax",
+    "adadelta": "Adadelta",
+    "asgd": "ASGD",
+}
+_FUSED = ("sgd", "adam", "adamw", "adagrad")
+
+
+def optimizer_impl(name: str, params: list[torch.Tensor]) -> str:
+    """``"fused"`` or ``"foreach"``: what ``fast_optimizer`` picks for these parameters.
+
+    Example:
+        >>> optimizer_impl("adamw", [torch.zeros(2, requires_grad=True)])
+        'foreach'
+    """
+    on_cuda = bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
+    return "fused" if on_cuda and name in _FUSED else "foreach"
+
+
+def fast_optimizer(params: Iterable[Any], name: str = "adamw", **kwargs: Any) -> torch.optim.Optimizer:
+    """``torch.optim.<name>(params, **kwargs)`` with ``fused=True`` on CUDA or ``foreach=True`` elsewhere.
+
+    Args:
+        params: parameters or parameter-group dicts, as for any torch optimizer.
+        name: sgd, adam, adamw, adagrad, rmsprop, nadam, radam, adamax, adadelta or asgd (case-insensitive).
+        kwargs: the optimizer's own arguments (lr, weight_decay, ...). An explicit fused/foreach wins.
+
+    Example:
+        >>> opt = ptt.fast_optimizer(nn.Linear(4, 2).parameters(), "sgd", lr=0.1, momentum=0.9)
+        >>> opt.defaults["foreach"]
+        True
+    """
+    key = name.lower()
+    if key not in _OPTIMIZERS:
+        raise PttError(f"unknown optimizer {name!r}; use one of {', '.join(_OPTIMIZERS)}.")
+    groups = list(params)
+    if not groups:
+        raise PttError("fast_optimizer got no parameters; pass model.parameters() (or trainable ones).")
+    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+    if "fused" not in kwargs and "foreach" not in kwargs:
+        kwargs[optimizer_impl(key, tensors)] = True
+    cls = getattr(torch.optim, _OPTIMIZERS[key])
+    return cls(groups, **kwargs)
+
+
+def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
+    """AdamW step on a model with many small tensors: per-tensor loop (foreach=False) vs fast_optimizer."""
+    depth, width = (24, 64) if size == "smoke" else (96, 256)
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
+    base = nn.Sequential(*layers).to(dev)
+    treated = copy.deepcopy(base)
+    for p, q in zip(base.parameters(), treated.parameters()):
+        p.grad = torch.randn_like(p) * 1e-3
+        q.grad = p.grad.clone()
+    opt_base = torch.optim.AdamW(base.parameters(), lr=1e-3, foreach=False)
+    opt_fast = fast_optimizer(treated.parameters(), "adamw", lr=1e-3)
+
+    def check(_a: Any, _b: Any) -> None:
+        for p, q in zip(base.parameters(), treated.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+    return BenchCase(
+        baseline=opt_base.step,
+        treated=opt_fast.step,
+        items_per_call=1,
+        unit="steps",
+        device=str(dev),
+        description=f"AdamW step, {2 * depth} layers of width {width} ({4 * depth} tensors)",
+        check=check,
+    )
