@@ -142,9 +142,94 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------- doctor (data)
+
+
+def _add_doctor(sub: Any) -> None:
+    p = sub.add_parser("doctor", help="diagnose a bottleneck: `ptt doctor data DST`")
+    dsub = p.add_subparsers(dest="what", metavar="WHAT")
+    d = dsub.add_parser("data", help="split a batch's time into read/decode/augment/collate/host->device/wait")
+    d.add_argument("path", help="an ImageFolder tree or a folder made by `ptt pack`")
+    d.add_argument("--batch-size", type=int, default=64)
+    d.add_argument("--batches", type=int, default=4, help="batches to time (default: %(default)s)")
+    d.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size; 0 keeps the stored size")
+    d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: one per core)")
+    d.add_argument("--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict")
+    d.add_argument("--device", default="cpu", help="where batches go (host->device is timed)")
+    p.set_defaults(handler=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from pytorchtricks.analysis.data_doctor import doctor_data
+
+    if getattr(args, "what", None) != "data":
+        raise PttError("say what to diagnose: `ptt doctor data DST`.")
+    r = doctor_data(
+        args.path,
+        batch_size=args.batch_size,
+        crop=args.crop or None,
+        batches=args.batches,
+        num_workers=args.workers,
+        step_time_s=args.step_time,
+        device=args.device,
+    )
+    table = Table(title=f"ptt doctor data {args.path}  (batch {r.batch_size}, {r.batches} batches, one process)")
+    for col in ("stage", "ms / batch", "share"):
+        table.add_column(col, justify="right" if col != "stage" else "left")
+    for name, ms, share in r.rows():
+        table.add_row(name, f"{ms:.1f}", f"{share:.0%}")
+    table.add_row("sum of stages", f"{r.stage_sum_s * 1e3:.1f}", f"{r.stage_sum_s / r.total_s:.0%}")
+    table.add_row("measured total", f"{r.total_s * 1e3:.1f}", "100%")
+    wait = "-" if r.wait_s is None else f"{r.wait_s * 1e3:.1f}"
+    table.add_row(f"wait (loader, {r.num_workers} workers)", wait, "")
+    console = _console()
+    console.print(table)
+    console.print(f"loader: {r.loader_images_per_s:.0f} images/s with {r.num_workers} workers")
+    console.print(f"verdict: {r.verdict}")
+    console.print(f"first fix: {r.fix}")
+    for note in r.notes:
+        console.print(f"note: {note}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- tune
+
+
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="diagnose, A/B-measure every applicable trick, combine the winners, write a receipt")
+    p.add_argument("--model", help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18)")
+    p.add_argument("--data", help="an image folder, or `synthetic` (default: built-in set from wallpaper photos)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 32")
+    p.add_argument("--input-size", type=int, default=None, help="image side in pixels (default: 64)")
+    p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
+    p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 170)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)")
+    p.set_defaults(handler=_cmd_tune)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from pytorchtricks.tune.console import RichProgress, receipt_table, summary_lines
+    from pytorchtricks.tune.engine import tune_model
+
+    console = _console()
+    res = tune_model(
+        args.model, args.data, batch_size=args.batch_size, input_size=args.input_size, goal=args.goal,
+        for_=args.for_, time_budget_s=args.time_budget, device=args.device, out=args.out,
+        progress=RichProgress(console),
+    )  # fmt: skip
+    console.print(receipt_table(res))
+    for line in summary_lines(res, args.out):
+        console.print(line, highlight=False)
+    return 130 if res.interrupted else 0
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_list, _add_show, _add_bench, _add_report]
+_COMMANDS: list[Callable[[Any], None]] = [_add_list, _add_show, _add_bench, _add_report, _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

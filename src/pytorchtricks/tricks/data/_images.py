@@ -68,6 +68,32 @@ def _pil_decode(
     return np.asarray(img)
 
 
+def crop_decode(
+    decode: Callable[..., np.ndarray],
+    raw: Any,
+    hw: tuple[int, int],
+    box: Box,
+    out: tuple[int, int],
+    backend: str = "auto",
+) -> np.ndarray:
+    """Crop-aware scaled decode: the whole JPEG at the smallest k/8 DCT scale that keeps ``box`` >= ``out``.
+
+    The crop is then cut from the scaled image and resized bilinearly. At the chosen scale the crop is less than
+    (k+1)/k times the target, so bilinear does not alias and costs ~0.3 ms where an area filter costs ~1.8 ms
+    (224 px, this CPU).
+    """
+    h0, w0 = hw
+    t, lf, h, w = box
+    k = next((k for k in range(1, 9) if h * k / 8 >= out[0] and w * k / 8 >= out[1]), 8)
+    sh, sw = -(-h0 * k // 8), -(-w0 * k // 8)  # libjpeg's scaled size: ceil(size * k / 8)
+    arr = decode(raw, size=(sh, sw), backend=backend) if k < 8 else decode(raw, backend=backend)
+    fy, fx = arr.shape[0] / h0, arr.shape[1] / w0
+    top, left = int(t * fy), int(lf * fx)
+    bottom = min(arr.shape[0], max(top + 1, math.ceil((t + h) * fy)))
+    right = min(arr.shape[1], max(left + 1, math.ceil((lf + w) * fx)))
+    return resize_hwc(arr[top:bottom, left:right], out, area=False)
+
+
 def rrc_box(
     height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
 ) -> Box:
@@ -93,14 +119,14 @@ def rrc_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def resize_hwc(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Bilinear (area when shrinking a lot) resize of an HxWx3 uint8 array to ``size=(H, W)``."""
+def resize_hwc(arr: np.ndarray, size: tuple[int, int], *, area: bool = True) -> np.ndarray:
+    """Bilinear (area when shrinking 2x or more and ``area``) resize of an HxWx3 uint8 array to ``size=(H, W)``."""
     if arr.shape[0] == size[0] and arr.shape[1] == size[1]:
         return arr
     try:
         import cv2
 
-        shrink = arr.shape[0] >= 2 * size[0] and arr.shape[1] >= 2 * size[1]
+        shrink = area and arr.shape[0] >= 2 * size[0] and arr.shape[1] >= 2 * size[1]
         return cv2.resize(
             arr, (size[1], size[0]), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
         )
@@ -110,6 +136,16 @@ def resize_hwc(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return np.asarray(
             Image.fromarray(np.ascontiguousarray(arr)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
         )
+
+
+def hflip(arr: np.ndarray) -> np.ndarray:
+    """Mirror an HxWx3 uint8 array left-right (cv2: ~20 us at 224 px; a numpy stride -3 copy costs ~0.5 ms)."""
+    try:
+        import cv2
+
+        return cv2.flip(np.ascontiguousarray(arr), 1)
+    except ImportError:
+        return np.ascontiguousarray(arr[:, ::-1])
 
 
 def is_encoded(x: Any) -> bool:
@@ -167,15 +203,16 @@ class SampleMaker:
             if self.crop is None:
                 arr = decode(raw, backend=self.backend)
             else:
-                box = rrc_box(*size_of(raw), self.scale, self.ratio, rng)
-                arr = decode(raw, crop=box, size=self.crop, backend=self.backend)
+                h0, w0 = size_of(raw)
+                box = rrc_box(h0, w0, self.scale, self.ratio, rng)
+                arr = crop_decode(decode, raw, (h0, w0), box, self.crop, self.backend)
         else:
             arr = to_hwc(raw)
             if self.crop is not None:
                 t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], self.scale, self.ratio, rng)
                 arr = resize_hwc(arr[t : t + h, lf : lf + w], self.crop)
         if self.flip and rng.random() < 0.5:
-            arr = arr[:, ::-1]
+            arr = hflip(arr)
         return arr
 
 

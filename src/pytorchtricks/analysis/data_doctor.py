@@ -1,0 +1,227 @@
+"""The data doctor: where a batch's time goes (read, decode, augment, collate, host->device, wait) and what to fix.
+
+Two measurements. (1) One process builds ``batches`` batches exactly as ``make_loader`` does, with a stopwatch around
+each stage; the stages are timed separately from an outer clock around the whole loop, so their sum can be checked
+against the measured total (it covers >= 90% of it: the rest is loop overhead). (2) The real loader with its
+workers runs while the caller's step is simulated by a pause of ``step_time_s``; the time the loop blocks in
+``next()`` is the wait-for-data. Input-bound when that wait exceeds 10% of the step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytorchtricks.bench.measure import Stopwatch, now_s
+from pytorchtricks.core import PttError, resolve_device
+
+__all__ = ["doctor_data", "DataReport", "open_image_dataset"]
+
+STAGES = ("read", "decode", "augment", "collate", "host_to_device")
+
+FIXES = {
+    "read": "cache_in_ram(dataset) - or pack the files into shards on local disk (ptt pack)",
+    "decode": "decode smaller: pack with --resize (once), cache_in_ram(size=256), and crop-aware scaled decode "
+    "(make_loader(crop=...))",
+    "augment": "move augmentation to the device on whole batches (device_augment after prefetch_to_device)",
+    "collate": "collate uint8 whole batches in the workers (make_loader) instead of per-sample float tensors",
+    "host_to_device": "pin memory and copy uint8 on a side stream, normalize on the device (prefetch_to_device)",
+}
+
+
+@dataclass
+class DataReport:
+    """Result of ``doctor_data``: seconds per batch by stage, the wait-for-data, the verdict and the first fix."""
+
+    batch_size: int
+    batches: int
+    stages_s: dict[str, float]  # per batch, single process
+    total_s: float  # per batch, outer clock of the same loop
+    num_workers: int
+    loader_batch_s: float  # per batch, real loader (workers), no step
+    wait_s: float | None  # per batch, blocked in next() while a step of step_time_s runs
+    step_time_s: float | None
+    verdict: str
+    fix: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def stage_sum_s(self) -> float:
+        return sum(self.stages_s.values())
+
+    @property
+    def loader_images_per_s(self) -> float:
+        return self.batch_size / self.loader_batch_s if self.loader_batch_s > 0 else float("inf")
+
+    def rows(self) -> list[tuple[str, float, float]]:
+        """``(stage, ms per batch, share of the total)`` for printing."""
+        return [(k, v * 1e3, v / self.total_s if self.total_s else 0.0) for k, v in self.stages_s.items()]
+
+
+def open_image_dataset(path: str | os.PathLike[str]) -> Any:
+    """A folder of class sub-folders -> ``JpegFolder``; a packed shard folder -> ``ShardDataset`` (raw bytes)."""
+    from pytorchtricks.tricks.data._folder import IMAGE_EXTENSIONS, JpegFolder
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise PttError(f"{path!r} does not exist; pass an ImageFolder tree or a folder made by `ptt pack`.")
+    subdirs = [e.path for e in os.scandir(path) if e.is_dir()] if os.path.isdir(path) else []
+    for d in subdirs[:5]:
+        if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in os.listdir(d)):
+            return JpegFolder(path)
+    try:
+        from pytorchtricks.shards import ShardDataset  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise PttError(f"{path!r} is not an ImageFolder tree and shard reading is not available.") from exc
+    return ShardDataset(path)
+
+
+def _serial(
+    dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
+) -> tuple[dict, float]:
+    from pytorchtricks.tricks.data._images import (
+        crop_decode,
+        decoders,
+        hflip,
+        is_encoded,
+        read_item,
+        resize_hwc,
+        rrc_box,
+        sample_rng,
+        to_hwc,
+    )
+    from pytorchtricks.tricks.data.make_loader import _stack
+
+    decode, size_of = decoders()
+    out = (crop, crop) if crop else None
+    order = np.random.default_rng(0).permutation(len(dataset))[: batch_size * batches]
+    sw = Stopwatch(device)
+    t0 = now_s()
+    for b in range(batches):
+        images, labels = [], []
+        for i in order[b * batch_size : (b + 1) * batch_size].tolist():
+            with sw.stage("read"):
+                raw, label = read_item(dataset, i)
+            with sw.stage("augment"):  # the random part: crop box (from the header) and flip coin
+                rng = sample_rng(0, 0, i)
+                enc = is_encoded(raw)
+                hw = size_of(raw) if enc else to_hwc(raw).shape[:2]
+                box = rrc_box(hw[0], hw[1], (0.08, 1.0), (3 / 4, 4 / 3), rng) if out else None
+                flip = rng.random() < 0.5
+            with sw.stage("decode"):  # decode (crop-aware, scaled) and resize to the output size
+                if enc:
+                    arr = crop_decode(decode, raw, hw, box, out) if out and box else decode(raw)
+                else:
+                    arr = to_hwc(raw)
+                    if out and box:
+                        t, lf, h, w = box
+                        arr = resize_hwc(arr[t : t + h, lf : lf + w], out)
+            with sw.stage("augment"):
+                if flip:
+                    arr = hflip(arr)
+            images.append(arr)
+            labels.append(label)
+        with sw.stage("collate"):
+            x, y = _stack(images, labels)
+        with sw.stage("host_to_device", synchronize=True):
+            x.to(device)
+            y.to(device)
+    total = now_s() - t0
+    return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches
+
+
+def _loader_times(loader: Any, batches: int, step_time_s: float | None) -> tuple[float, float | None]:
+    it = iter(loader)
+    next(it)  # worker start-up and the first prefetch are not the steady state
+    t0 = now_s()
+    n = 0
+    for _ in range(batches):
+        try:
+            next(it)
+        except StopIteration:
+            break
+        n += 1
+    free_s = (now_s() - t0) / max(n, 1)
+    if step_time_s is None:
+        return free_s, None
+    wait = 0.0
+    m = 0
+    for _ in range(batches):
+        time.sleep(step_time_s)  # stands in for the caller's step (GPU work leaves the CPU to the workers)
+        t1 = now_s()
+        try:
+            next(it)
+        except StopIteration:
+            break
+        wait += now_s() - t1
+        m += 1
+    return free_s, wait / max(m, 1)
+
+
+def doctor_data(
+    data: Any,
+    *,
+    batch_size: int = 64,
+    crop: int | None = 224,
+    batches: int = 4,
+    num_workers: int | None = None,
+    step_time_s: float | None = None,
+    device: str | torch.device | None = "cpu",
+) -> DataReport:
+    """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
+
+    Example:
+        >>> ds = [(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 0) for _ in range(16)]
+        >>> r = ptt.doctor_data(ds, batch_size=4, crop=32, batches=2, num_workers=0, step_time_s=0.0)
+        >>> sorted(r.stages_s) == sorted(["read", "decode", "augment", "collate", "host_to_device"])
+        True
+    """
+    from pytorchtricks.tricks.data.make_loader import make_loader
+
+    dataset = open_image_dataset(data) if isinstance(data, str | os.PathLike) else data
+    if len(dataset) < batch_size * (batches + 1):
+        raise PttError(
+            f"need at least {batch_size * (batches + 1)} samples for {batches} batches of {batch_size} "
+            f"(+1 warm-up); got {len(dataset)}. Lower batch_size or batches."
+        )
+    dev = resolve_device(device)
+    stages, total = _serial(dataset, batch_size, batches, crop, dev)
+    workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
+    loader_s, wait = _loader_times(loader, batches, step_time_s)
+    worst = max(stages, key=lambda k: stages[k])
+    notes = []
+    if step_time_s is None:
+        verdict = (
+            f"unknown: the loader gives {batch_size / loader_s:.0f} images/s; pass step_time_s (your training "
+            "step's seconds per batch) to compare"
+        )
+        fix = FIXES[worst]
+    elif wait is not None and wait > 0.1 * max(step_time_s, 1e-9):
+        verdict = f"input-bound: the step waits {wait * 1e3:.1f} ms per batch for data"
+        fix = FIXES[worst]
+        if workers < len(os.sched_getaffinity(0)):
+            notes.append(
+                f"num_workers={workers} < {len(os.sched_getaffinity(0))} cores: try more workers first"
+            )
+    else:
+        verdict = "compute-bound: the loader keeps up with the step"
+        fix = "nothing in the input pipeline; speed up the step itself"
+    return DataReport(
+        batch_size=batch_size,
+        batches=batches,
+        stages_s=stages,
+        total_s=total,
+        num_workers=workers,
+        loader_batch_s=loader_s,
+        wait_s=wait,
+        step_time_s=step_time_s,
+        verdict=verdict,
+        fix=fix,
+        notes=notes,
+    )

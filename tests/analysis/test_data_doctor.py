@@ -1,0 +1,68 @@
+"""doctor_data: stage times sum to the measured total within 10%; verdicts follow the simulated step time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytorchtricks.analysis.data_doctor import STAGES, doctor_data, open_image_dataset
+from pytorchtricks.cli import main
+from pytorchtricks.core import PttError
+from pytorchtricks.tricks.data.make_loader import _photo_bytes
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> list[tuple[bytes, int]]:
+    return _photo_bytes(40, (120, 160))
+
+
+def test_stage_times_sum_to_the_measured_total(jpegs):
+    r = doctor_data(jpegs, batch_size=8, crop=64, batches=3, num_workers=0)
+    assert set(r.stages_s) == set(STAGES)
+    assert all(v >= 0 for v in r.stages_s.values()) and r.stages_s["decode"] > 0
+    assert abs(r.stage_sum_s - r.total_s) <= 0.10 * r.total_s, (r.stages_s, r.total_s)
+    assert r.verdict.startswith("unknown") and r.fix  # no step time given: no verdict, still a first fix
+
+
+def test_verdict_follows_the_step_time(jpegs):
+    slow_step = doctor_data(jpegs, batch_size=8, crop=64, batches=2, num_workers=1, step_time_s=0.5)
+    assert slow_step.verdict.startswith("compute-bound"), slow_step.verdict
+    no_step = doctor_data(jpegs, batch_size=8, crop=64, batches=2, num_workers=0, step_time_s=0.0)
+    assert no_step.verdict.startswith("input-bound") and no_step.wait_s and no_step.wait_s > 0
+    assert no_step.fix  # names a fix from the slowest stage
+
+
+def test_misuse_and_paths(tmp_path):
+    with pytest.raises(PttError, match="at least"):
+        doctor_data([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0)] * 3, batch_size=4)
+    with pytest.raises(PttError, match="does not exist"):
+        open_image_dataset(tmp_path / "nope")
+
+
+def test_cli_prints_the_stage_table_and_verdict(tmp_path, capsys, jpegs):
+    for i, (raw, label) in enumerate(jpegs):
+        d = tmp_path / f"class{label % 2}"
+        d.mkdir(exist_ok=True)
+        (d / f"{i}.jpg").write_bytes(raw)
+    rc = main(
+        [
+            "doctor",
+            "data",
+            str(tmp_path),
+            "--batch-size",
+            "8",
+            "--batches",
+            "2",
+            "--crop",
+            "64",
+            "--workers",
+            "0",
+            "--step-time",
+            "0",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    for word in ("read", "decode", "augment", "collate", "host_to_device", "wait", "input-bound"):
+        assert word in out
+    assert main(["doctor", "data", str(tmp_path / "missing")]) == 2
