@@ -1,0 +1,149 @@
+"""Sweep num_workers x prefetch_factor x pin_memory x RAM cache on your own data, for a bounded time; keep the best.
+
+Why: the right loader settings depend on the machine, the images and the step: more workers than cores
+oversubscribe, pin_memory is not always faster, a RAM cache only pays when it fits. Guessing costs more than a
+one-minute measurement.
+When: once per machine and dataset, before a long run; pass the result's ``best`` to ``make_loader``.
+Caveats: each setting is timed over a few batches after its warm-up batch (worker start-up excluded), one after
+the other, so a busy machine adds noise: compare settings that differ by more than ~10%. The cache, if tried, is
+built once (its cost is reported) and reused by later runs with the same key. The sweep stops at ``budget_s``
+(always measuring at least one setting).
+See also: make_loader, cache_in_ram, doctor_data; 预处理提速 / the right num_workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pytorchtricks.bench.measure import Deadline, now_s
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+
+__all__ = ["autotune_loader", "AutotuneResult"]
+
+TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
+
+
+@dataclass
+class AutotuneResult:
+    """``best``: make_loader keyword arguments; ``cache``: use ``dataset`` (cached when True); ``table``: all rows."""
+
+    best: dict[str, Any]
+    cache: bool
+    dataset: Any
+    table: list[dict[str, Any]] = field(default_factory=list)
+    cache_build_s: float | None = None
+
+    def loader(self, batch_size: int, **kwargs: Any) -> Any:
+        """``make_loader(self.dataset, batch_size, **self.best, **kwargs)``."""
+        from pytorchtricks.tricks.data.make_loader import make_loader
+
+        return make_loader(self.dataset, batch_size, **{**self.best, **kwargs})
+
+
+def _time_setting(dataset: Any, batch_size: int, batches: int, kwargs: dict[str, Any]) -> float:
+    from pytorchtricks.tricks.data.make_loader import make_loader
+
+    loader = make_loader(dataset, batch_size, persistent_workers=False, **kwargs)
+    it = iter(loader)
+    next(it)  # start-up: workers fork, first prefetch
+    t0 = now_s()
+    n = 0
+    for x, _ in itertools.islice(it, batches):
+        n += int(x.shape[0])
+    seconds = now_s() - t0
+    return n / seconds if seconds > 0 and n else 0.0
+
+
+def autotune_loader(
+    dataset: Any,
+    batch_size: int,
+    *,
+    crop: int | None = 224,
+    workers: tuple[int, ...] | None = None,
+    prefetch_factors: tuple[int, ...] = (2, 4),
+    pin_memory: tuple[bool, ...] | None = None,
+    cache: tuple[bool, ...] = (False, True),
+    cache_size: int = 256,
+    budget_s: float = 60.0,
+    batches: int = 4,
+    **cache_kwargs: Any,
+) -> AutotuneResult:
+    """Measure loader settings on ``dataset`` within ``budget_s`` seconds and return the fastest (images/s).
+
+    Example:
+        >>> ds = [(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8), 0) for _ in range(40)]
+        >>> r = ptt.autotune_loader(ds, 8, crop=32, workers=(0, 1), cache=(False,), budget_s=10, batches=2)
+        >>> sorted(r.best), len(r.table) >= 1
+        (['crop', 'num_workers', 'pin_memory', 'prefetch_factor'], True)
+    """
+    if batch_size < 1 or batches < 1:
+        raise PttError("batch_size and batches must be >= 1.")
+    if len(dataset) < batch_size * (batches + 1):
+        raise PttError(
+            f"need at least {batch_size * (batches + 1)} samples to time {batches} batches + warm-up."
+        )
+    cores = len(os.sched_getaffinity(0))
+    workers = workers or tuple(sorted({0, max(1, cores // 2), cores, 2 * cores}))
+    pins = pin_memory or ((False, True) if torch.cuda.is_available() else (False,))
+    deadline = Deadline(budget_s)
+    table: list[dict[str, Any]] = []
+    cached: Any = None
+    build_s: float | None = None
+    for use_cache in cache:
+        data = dataset
+        if use_cache:
+            if deadline.expired and table:
+                break
+            from pytorchtricks.tricks.data.cache_in_ram import CachedDataset, cache_in_ram
+
+            t0 = now_s()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cached = cache_in_ram(dataset, cache_size, **cache_kwargs)
+            build_s = now_s() - t0
+            if not isinstance(cached, CachedDataset):
+                table.append({"cache": True, "skipped": str(caught[-1].message) if caught else "refused"})
+                continue
+            data = cached
+        for w, pf, pin in itertools.product(workers, prefetch_factors, pins):
+            if w == 0 and pf != prefetch_factors[0]:
+                continue  # prefetch_factor means nothing without workers
+            if deadline.expired and table:
+                break
+            kw = {"crop": crop, "num_workers": w, "prefetch_factor": pf if w else None, "pin_memory": pin}
+            ips = _time_setting(data, batch_size, batches, kw)
+            table.append({"cache": use_cache, **kw, "images_per_s": ips})
+    timed = [r for r in table if "images_per_s" in r]
+    if len(timed) < 2:
+        warnings.warn(
+            "autotune_loader measured one setting only: nothing was compared.", NoEffectWarning, stacklevel=2
+        )
+    best_row = max(timed, key=lambda r: r["images_per_s"])
+    best = {k: best_row[k] for k in ("crop", "num_workers", "prefetch_factor", "pin_memory")}
+    use = bool(best_row["cache"])
+    return AutotuneResult(best, use, cached if use else dataset, table, build_s)
+
+
+def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
+    """A batch from the default settings (one worker per core) vs the tuned ones, on small JPEGs."""
+    from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
+
+    n = 16 if size == "smoke" else 64
+    data = _photo_bytes(n * 4, (120, 160))
+    tuned = autotune_loader(data, n, crop=64, workers=(0, 1), cache=(False,), budget_s=20, batches=2)
+    base = make_loader(data, n, crop=64, num_workers=0)
+    treat = tuned.loader(n)
+    return BenchCase(
+        baseline=lambda: next(iter(base))[0],
+        treated=lambda: next(iter(treat))[0],
+        items_per_call=n,
+        unit="images",
+        device=device,
+        description=f"first batch of {n} 64 px crops: num_workers=0 vs autotuned {tuned.best}",
+    )

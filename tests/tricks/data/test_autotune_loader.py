@@ -1,0 +1,67 @@
+"""autotune_loader: measures the grid within its budget, returns the fastest row, falls back when the cache is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.tricks.data.autotune_loader import autotune_loader
+from pytorchtricks.tricks.data.cache_in_ram import CachedDataset
+from pytorchtricks.tricks.data.make_loader import _photo_bytes
+
+
+@pytest.fixture(scope="module")
+def jpegs():
+    return _photo_bytes(48, (60, 80))
+
+
+def test_sweeps_the_grid_and_returns_the_fastest_row(jpegs, tmp_path):
+    r = autotune_loader(
+        jpegs,
+        8,
+        crop=32,
+        workers=(0, 1),
+        prefetch_factors=(2,),
+        cache=(False, True),
+        batches=2,
+        cache_size=48,
+        cache_dir=str(tmp_path),
+        num_workers=0,
+    )
+    timed = [row for row in r.table if "images_per_s" in row]
+    assert {(row["cache"], row["num_workers"]) for row in timed} == {
+        (False, 0),
+        (False, 1),
+        (True, 0),
+        (True, 1),
+    }
+    best = max(timed, key=lambda row: row["images_per_s"])
+    assert r.best["num_workers"] == best["num_workers"] and r.cache == best["cache"]
+    assert isinstance(r.dataset, CachedDataset) == r.cache and r.cache_build_s is not None
+    x, _ = next(iter(r.loader(8)))
+    assert x.shape == (8, 3, 32, 32)
+
+
+def test_budget_stops_the_sweep_after_one_setting(jpegs):
+    with pytest.warns(NoEffectWarning, match="one setting"):
+        r = autotune_loader(jpegs, 8, crop=32, workers=(0, 1, 2), cache=(False,), budget_s=0, batches=1)
+    assert len(r.table) == 1
+
+
+def test_refused_cache_is_reported_not_used(jpegs, tmp_path):
+    r = autotune_loader(
+        jpegs,
+        8,
+        crop=32,
+        workers=(0, 1),
+        cache=(False, True),
+        batches=1,
+        budget=10,
+        cache_dir=str(tmp_path),
+    )
+    assert any("skipped" in row for row in r.table) and not r.cache
+
+
+def test_misuse():
+    with pytest.raises(PttError, match="at least"):
+        autotune_loader(_photo_bytes(4), 8)
