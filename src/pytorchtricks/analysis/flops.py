@@ -235,7 +235,7 @@ def _attention_shape(name: str, args: tuple[Any, ...]) -> dict[str, int]:
     if name in _ATTENTION:
         q, k = args[0], args[1]
         return {"tokens": int(q.shape[-2]), "score_elements": math.prod(q.shape[:-1]) * int(k.shape[-2])}
-    if name == "_softmax" and isinstance(args[0], torch.Tensor):
+    if name in ("_softmax", "_safe_softmax") and isinstance(args[0], torch.Tensor):
         x = args[0]
         if x.dim() == 4 or (x.dim() == 3 and x.shape[-1] == x.shape[-2]):
             return {"tokens": int(x.shape[-2]), "score_elements": x.numel()}

@@ -145,8 +145,8 @@ def lint(
     run, but its buffers, gradients and modes are restored.
 
     Example:
-        >>> m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
-        >>> ptt.lint(m, torch.randn(2, 3, 8, 8)).ids()
+        >>> m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 64, 3))
+        >>> ptt.lint(m, torch.randn(8, 3, 16, 16)).ids()
         ['PTL001', 'PTL012']
     """
     check_module(model)
@@ -216,8 +216,8 @@ def apply_lint_fixes_(model: nn.Module, example_inputs: Any, *, phase: str = "tr
     before BatchNorm (PTL001, exact), make activations in-place where proven safe (PTL012, exact).
 
     Example:
-        >>> m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
-        >>> rep = ptt.apply_lint_fixes_(m, torch.randn(2, 3, 8, 8))
+        >>> m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 64, 3))
+        >>> rep = ptt.apply_lint_fixes_(m, torch.randn(8, 3, 16, 16))
         >>> m[0].bias is None, m[2].inplace, rep.after.ids()
         (True, True, [])
     """

@@ -21,7 +21,7 @@ from pytorchtricks.analysis.flops import FlopReport
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 MiB = 2**20
-G4_ELEMENTWISE_SHARE = 0.25  # fire when element-wise ops move more than this share of all bytes
+G4_ELEMENTWISE_SHARE = 0.33  # fire when element-wise ops move over a third of all bytes (ShuffleNetV2: ~0.18)
 G1_EXCESS_SHARE = 0.10  # fire when a 1x1 conv moves >10% more feature-map bytes than the balanced one
 G3_MIN_BRANCHES = 3  # fire when one tensor feeds this many parallel compute branches
 ATTENTION_MAX_TOKENS = (
@@ -317,7 +317,10 @@ def g4_elementwise_traffic(ctx: LintContext) -> list[Finding]:
     ew = ctx.flops.bytes_by_category.get("elementwise", 0)
     if not total or ew / total < G4_ELEMENTWISE_SHARE:
         return []
-    top = sorted(ctx.flops.layers, key=lambda r: -r.bytes_by_category.get("elementwise", 0))[:3]
+    top = sorted(
+        (r for r in ctx.flops.layers if r.bytes_by_category.get("elementwise", 0)),
+        key=lambda r: -r.bytes_by_category.get("elementwise", 0),
+    )[:3]
     return [
         Finding(
             "PTL007",
