@@ -54,9 +54,13 @@ _EXPORTS: dict[str, str] = {
     "JpegFolder": "pytorchtricks.tricks.data._folder",
     # tricks/loop
     "mixed_precision": "pytorchtricks.tricks.loop.mixed_precision",
+    "accumulate_gradients": "pytorchtricks.tricks.loop.accumulate_gradients",
+    "check_accumulation": "pytorchtricks.tricks.loop.accumulate_gradients",
     "fast_optimizer": "pytorchtricks.tricks.loop.fast_optimizer",
     "scale_lr": "pytorchtricks.tricks.loop.scale_lr",
     "warmup_schedule": "pytorchtricks.tricks.loop.scale_lr",
+    # tricks/loop: multi-process training (a module: ptt.distributed.setup())
+    "distributed": "pytorchtricks.distributed",
     # tricks/model
     "remove_conv_bias_before_bn_": "pytorchtricks.tricks.model.remove_conv_bias_before_bn",
     "to_channels_last_": "pytorchtricks.tricks.model.to_channels_last",
