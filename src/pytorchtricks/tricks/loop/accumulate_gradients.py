@@ -96,7 +96,7 @@ class accumulate_gradients:
     def _enter_no_sync(self) -> None:
         if self._no_sync is None and self.steps > 1 and hasattr(self.model, "no_sync"):
             self._no_sync = contextlib.ExitStack()
-            self._no_sync.enter_context(self.model.no_sync())
+            self._no_sync.enter_context(getattr(self.model, "no_sync")())  # noqa: B009 - DDP/FSDP only
 
     def _exit_no_sync(self) -> None:
         if self._no_sync is not None:
@@ -146,6 +146,7 @@ class accumulate_gradients:
 
     def _step(self) -> None:
         params = self._params()
+        grads = [p.grad for p in params if p.grad is not None]
         if self.precision is not None:
             self.precision.unscale_(self.optimizer)
         dist = torch.distributed
@@ -153,16 +154,16 @@ class accumulate_gradients:
         total = self._total
         if distributed and not self._synced_last:  # partial cycle flushed under no_sync: sync by hand
             world = dist.get_world_size()
-            for p in params:
-                dist.all_reduce(p.grad)
-                p.grad.div_(world)
+            for grad in grads:
+                dist.all_reduce(grad)
+                grad.div_(world)
         if distributed and self._weighted:
             # DDP averages sum_i(w_i g_i) over ranks; the full batch divides by the weight of ALL ranks
             t = torch.tensor([total], dtype=torch.float64, device=params[0].device if params else "cpu")
             dist.all_reduce(t)
             total = t.item() / dist.get_world_size()
         if total != 1.0 and params:
-            torch._foreach_div_([p.grad for p in params], total)
+            torch._foreach_div_(grads, total)
         if self.clip_grad_norm is not None:
             nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
         if self.precision is not None:
