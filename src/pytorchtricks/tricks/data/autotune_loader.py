@@ -24,7 +24,7 @@ import torch
 from pytorchtricks.bench.measure import Deadline, now_s
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 
-__all__ = ["autotune_loader", "AutotuneResult"]
+__all__ = ["autotune_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
 

@@ -26,7 +26,7 @@ import torch
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
 
-__all__ = ["cache_in_ram", "CachedDataset"]
+__all__ = ["cache_in_ram"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 

@@ -19,7 +19,7 @@ import torch
 from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
 from pytorchtricks.tricks.data.device_augment import device_augment
 
-__all__ = ["dataset_on_device", "DeviceDataset"]
+__all__ = ["dataset_on_device"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train",), exact=True)
 

@@ -21,7 +21,7 @@ import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
 
-__all__ = ["prefetch_to_device", "DevicePrefetcher"]
+__all__ = ["prefetch_to_device"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
 
