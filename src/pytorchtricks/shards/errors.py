@@ -1,0 +1,27 @@
+"""Errors of the shard formats and the image decoder."""
+
+from __future__ import annotations
+
+from pytorchtricks.core import PttError
+
+
+class ShardError(PttError):
+    """A shard, index or record is missing, truncated or corrupt; the message names the file and the record.
+
+    Attributes:
+        path: the file that failed (shard, index, manifest or LMDB folder).
+        record: the record index inside that file, or ``None`` when the whole file is bad.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, record: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}" + (f", record {record}" if record is not None else "")
+            message = f"{where}: {message}"
+        super().__init__(message)
+        self.path = path
+        self.record = record
+
+
+class DecodeError(PttError, ValueError):
+    """Bytes that are not a decodable image (corrupt, truncated, or an unsupported format)."""

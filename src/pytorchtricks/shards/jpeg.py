@@ -1,0 +1,333 @@
+"""Image decoding with DCT-domain downscaling: decode a JPEG at 1/2, 1/4 or 1/8 size when the target allows it.
+
+A JPEG stores 8x8 DCT blocks; libjpeg can reconstruct them at 1/2, 1/4 or 1/8 resolution by using only the low
+frequencies, which skips most of the inverse DCT and colour conversion. When the caller knows the output size (and
+the crop, for RandomResizedCrop), the largest scale whose scaled crop is still at least the target loses nothing
+visible and decodes several times faster. Backends: ``simplejpeg`` and ``opencv`` (libjpeg-turbo), ``pil-draft``
+(Pillow's ``Image.draft``), ``turbojpeg`` (PyTurboJPEG, when importable) and plain ``pil`` (full decode, the
+reference). Non-JPEG inputs (PNG, WebP, ...) go through Pillow at full size.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.core import PttError
+from pytorchtricks.shards.errors import DecodeError
+
+Box = tuple[int, int, int, int]  # (top, left, height, width) in original-image pixels
+BACKENDS: tuple[str, ...] = ("simplejpeg", "turbojpeg", "opencv", "pil-draft", "pil")
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _as_buffer(data: Any) -> bytes | memoryview:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return data
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8:
+            raise PttError(f"decode_image needs encoded bytes as a uint8 array, got dtype {data.dtype}.")
+        return memoryview(np.ascontiguousarray(data).reshape(-1))
+    raise PttError(f"decode_image needs bytes, memoryview or a uint8 numpy array, got {type(data).__name__}.")
+
+
+def is_jpeg(data: Any) -> bool:
+    buf = _as_buffer(data)
+    return len(buf) >= 3 and bytes(buf[:3]) == b"\xff\xd8\xff"
+
+
+def image_size(data: bytes | memoryview | np.ndarray) -> tuple[int, int]:
+    """``(height, width)`` read from the JPEG/PNG header without decoding (other formats: Pillow's lazy open).
+
+    Example:
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (40, 30)).save(buf, "JPEG")
+        >>> ptt.image_size(buf.getvalue())
+        (30, 40)
+    """
+    buf = _as_buffer(data)
+    if is_jpeg(buf):
+        return _jpeg_size(bytes(buf[: min(len(buf), 1 << 20)]) if len(buf) > 1 << 20 else bytes(buf))
+    head = bytes(buf[:24])
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24 and head[12:16] == b"IHDR":
+        return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
+    try:
+        from PIL import Image
+
+        w, h = Image.open(io.BytesIO(bytes(buf))).size
+    except Exception as exc:
+        raise DecodeError(f"not a readable image ({len(buf)} bytes): {exc}") from exc
+    return h, w
+
+
+def _jpeg_size(b: bytes) -> tuple[int, int]:
+    i, n = 2, len(b)
+    while i + 4 <= n:
+        if b[i] != 0xFF:
+            raise DecodeError(f"corrupt JPEG header at byte {i} (no marker)")
+        marker = b[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01,) or 0xD0 <= marker <= 0xD9:  # standalone markers carry no length
+            i += 2
+            continue
+        seg = int.from_bytes(b[i + 2 : i + 4], "big")
+        if seg < 2:
+            raise DecodeError(f"corrupt JPEG header at byte {i} (segment length {seg})")
+        if marker in _SOF:
+            if i + 9 > n:
+                break
+            h, w = int.from_bytes(b[i + 5 : i + 7], "big"), int.from_bytes(b[i + 7 : i + 9], "big")
+            if h == 0 or w == 0:
+                raise DecodeError("JPEG header has a zero dimension")
+            return h, w
+        i += 2 + seg
+    raise DecodeError(f"truncated JPEG header ({n} bytes): no frame (SOF) marker found")
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+def _target(size: int | tuple[int, int] | None, ch: int, cw: int) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    if isinstance(size, int | np.integer):
+        if size <= 0:
+            raise PttError(f"size must be positive, got {size}.")
+        s = int(size)
+        if ch <= cw:
+            return s, max(1, round(cw * s / ch))
+        return max(1, round(ch * s / cw)), s
+    if len(size) != 2 or min(size) <= 0:
+        raise PttError(f"size must be an int (short side) or (height, width) > 0, got {size!r}.")
+    return int(size[0]), int(size[1])
+
+
+def _crop_box(crop: Box | None, h0: int, w0: int) -> Box:
+    if crop is None:
+        return 0, 0, h0, w0
+    t, l, h, w = (int(v) for v in crop)
+    if h <= 0 or w <= 0 or t < 0 or l < 0 or t + h > h0 or l + w > w0:
+        raise PttError(
+            f"crop {crop} (top, left, height, width) lies outside the {h0}x{w0} image; clip it to the image."
+        )
+    return t, l, h, w
+
+
+def dct_scale(crop_hw: tuple[int, int], target_hw: tuple[int, int] | None) -> int:
+    """Largest denominator d in (8, 4, 2, 1) with crop/d still >= target on both sides.
+
+    Example:
+        >>> dct_scale((1000, 800), (224, 224)), dct_scale((300, 300), (224, 224)), dct_scale((64, 64), None)
+        (2, 1, 1)
+    """
+    if target_hw is None:
+        return 1
+    for d in (8, 4, 2):
+        if crop_hw[0] / d >= target_hw[0] and crop_hw[1] / d >= target_hw[1]:
+            return d
+    return 1
+
+
+def _scaled_box(box: Box, h0: int, w0: int, hs: int, ws: int) -> tuple[int, int, int, int]:
+    """The crop in the coordinates of a decoded image of size (hs, ws): (top, left, bottom, right)."""
+    fy, fx = hs / h0, ws / w0
+    t, l = int(box[0] * fy), int(box[1] * fx)
+    b = min(hs, max(t + 1, math.ceil((box[0] + box[2]) * fy)))
+    r = min(ws, max(l + 1, math.ceil((box[1] + box[3]) * fx)))
+    return t, l, b, r
+
+
+def _resize(arr: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    if arr.shape[0] == hw[0] and arr.shape[1] == hw[1]:
+        return np.ascontiguousarray(arr)
+    try:
+        import cv2
+    except ImportError:
+        from PIL import Image
+
+        return np.asarray(Image.fromarray(arr).resize((hw[1], hw[0]), Image.Resampling.BILINEAR))
+    down = hw[0] < arr.shape[0] or hw[1] < arr.shape[1]
+    return cv2.resize(arr, (hw[1], hw[0]), interpolation=cv2.INTER_AREA if down else cv2.INTER_LINEAR)
+
+
+def _finish(arr: np.ndarray, box: Box, h0: int, w0: int, target: tuple[int, int] | None) -> np.ndarray:
+    t, l, b, r = _scaled_box(box, h0, w0, arr.shape[0], arr.shape[1])
+    if (t, l, b, r) != (0, 0, arr.shape[0], arr.shape[1]):
+        arr = arr[t:b, l:r]
+    if target is None:
+        target = (box[2], box[3])
+    return _resize(arr, target)
+
+
+# ------------------------------------------------------------------------------------------- backends
+
+
+def _pil(buf: Any, box: Box | None, target: tuple[int, int] | None, draft: bool) -> np.ndarray:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(buf))
+    w0, h0 = img.size
+    bx = _crop_box(box, h0, w0)
+    if draft and img.format == "JPEG" and target is not None:
+        d = dct_scale((bx[2], bx[3]), target)
+        if d > 1:
+            img.draft("RGB", (w0 // d, h0 // d))  # Pillow picks scale = min(w0 // w, h0 // h)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    ws, hs = img.size
+    t, l, b, r = _scaled_box(bx, h0, w0, hs, ws)
+    out_hw = target or (bx[2], bx[3])
+    if (t, l, b, r) == (0, 0, hs, ws) and (hs, ws) == out_hw:
+        return np.asarray(img)
+    return np.asarray(img.resize((out_hw[1], out_hw[0]), Image.Resampling.BILINEAR, box=(l, t, r, b)))
+
+
+def _simplejpeg(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarray:
+    import simplejpeg
+
+    h0, w0, _, _ = simplejpeg.decode_jpeg_header(buf)
+    bx = _crop_box(box, h0, w0)
+    if target is None:
+        arr = simplejpeg.decode_jpeg(buf, colorspace="RGB")
+    else:  # decoded full image must keep the crop >= target: min sizes scaled up from the crop to the image
+        mh = math.ceil(target[0] * h0 / bx[2])
+        mw = math.ceil(target[1] * w0 / bx[3])
+        arr = simplejpeg.decode_jpeg(buf, colorspace="RGB", min_height=mh, min_width=mw)
+    return _finish(arr, bx, h0, w0, target)
+
+
+def _opencv(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarray:
+    import cv2
+
+    h0, w0 = image_size(buf)
+    bx = _crop_box(box, h0, w0)
+    d = dct_scale((bx[2], bx[3]), target) if is_jpeg(buf) else 1
+    flag = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4}.get(
+        d, cv2.IMREAD_REDUCED_COLOR_8
+    )
+    bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    if bgr is None:
+        raise DecodeError("opencv could not decode the image")
+    return _finish(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), bx, h0, w0, target)
+
+
+def _turbojpeg(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarray:
+    tj = _turbo_handle()
+    h0, w0 = image_size(buf)
+    bx = _crop_box(box, h0, w0)
+    d = dct_scale((bx[2], bx[3]), target)
+    mod = _turbo_module()
+    arr = tj.decode(bytes(buf), pixel_format=mod.TJPF_RGB, scaling_factor=(1, d))
+    return _finish(arr, bx, h0, w0, target)
+
+
+@functools.lru_cache(maxsize=1)
+def _turbo_module() -> Any:
+    import turbojpeg
+
+    return turbojpeg
+
+
+@functools.lru_cache(maxsize=1)
+def _turbo_handle() -> Any:
+    return _turbo_module().TurboJPEG()
+
+
+_IMPL: dict[str, Callable[[Any, Box | None, tuple[int, int] | None], np.ndarray]] = {
+    "simplejpeg": _simplejpeg,
+    "turbojpeg": _turbojpeg,
+    "opencv": _opencv,
+    "pil-draft": lambda b, c, t: _pil(b, c, t, draft=True),
+    "pil": lambda b, c, t: _pil(b, c, t, draft=False),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def backend_works(name: str) -> bool:
+    """True when ``name`` imports and decodes a small JPEG correctly in this process (probed once)."""
+    if name not in _IMPL:
+        return False
+    try:
+        from PIL import Image
+
+        ramp = np.linspace(0, 255, 48 * 64 * 3).astype(np.uint8).reshape(48, 64, 3)
+        out = io.BytesIO()
+        Image.fromarray(ramp).save(out, "JPEG", quality=95)
+        got = _IMPL[name](out.getvalue(), None, (24, 32))
+        return got.shape == (24, 32, 3) and got.dtype == np.uint8
+    except Exception:
+        return False
+
+
+def available_backends() -> list[str]:
+    """Backends that work here, fastest first (the first is what ``backend="auto"`` uses).
+
+    Example:
+        >>> from pytorchtricks.shards.jpeg import available_backends
+        >>> "pil" in available_backends()
+        True
+    """
+    return [b for b in BACKENDS if backend_works(b)]
+
+
+@functools.lru_cache(maxsize=1)
+def auto_backend() -> str:
+    found = available_backends()
+    if not found:
+        raise PttError("no image decoder works: install Pillow (`pip install 'pytorchtricks[data]'`).")
+    return found[0]
+
+
+def decode_image(
+    data: bytes | memoryview | np.ndarray,
+    *,
+    size: int | tuple[int, int] | None = None,
+    crop: Box | None = None,
+    backend: str = "auto",
+) -> np.ndarray:
+    """Decode an image to an HxWx3 uint8 RGB array, cropping and resizing with a DCT-scaled JPEG decode.
+
+    Args:
+        data: encoded bytes (JPEG fast paths; PNG and other formats via Pillow).
+        size: output size after crop and resize: ``(height, width)``, or an int for the short side.
+        crop: ``(top, left, height, width)`` in ORIGINAL image pixels, applied before the resize.
+        backend: ``auto`` (probed once per process), or one of simplejpeg, turbojpeg, opencv, pil-draft, pil.
+
+    Returns:
+        A C-contiguous ``uint8`` array of shape ``(H, W, 3)``.
+
+    Raises:
+        DecodeError: the bytes are not a decodable image. PttError: bad ``crop``/``size``/``backend``.
+
+    Example:
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (640, 480), (200, 10, 10)).save(buf, "JPEG")
+        >>> ptt.decode_image(buf.getvalue(), size=(112, 112), crop=(0, 0, 480, 480)).shape
+        (112, 112, 3)
+    """
+    buf = _as_buffer(data)
+    name = auto_backend() if backend == "auto" else backend
+    if name not in _IMPL:
+        raise PttError(f"unknown decode backend {backend!r}; use auto or one of {', '.join(BACKENDS)}.")
+    if not is_jpeg(buf) and name in ("simplejpeg", "turbojpeg", "pil-draft"):
+        name = "pil"  # DCT scaling is JPEG-only; Pillow reads the rest
+    target = None
+    if size is not None:
+        if crop is not None:
+            target = _target(size, int(crop[2]), int(crop[3]))
+        else:
+            h0, w0 = image_size(buf)
+            target = _target(size, h0, w0)
+    try:
+        return _IMPL[name](buf, crop, target)
+    except PttError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode image ({len(buf)} bytes) with {name}: {exc}") from exc

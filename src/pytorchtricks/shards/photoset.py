@@ -1,0 +1,179 @@
+"""Build a deterministic set of distinct real-photo JPEGs from the Debian wallpaper packages (ImageFolder layout).
+
+About fifty large wallpaper photos (``lomiri-wallpapers-*``, ``mate-backgrounds``, ``plasma-workspace-wallpapers``)
+become thousands of distinct natural JPEGs: random crops (area 5-100%, aspect 3:4-4:3, random flip), resized to a
+long side of 512-1024 px and re-encoded at quality 80-95, all drawn from a generator seeded by (seed, item index).
+Classes are the source package: ``lomiri``, ``mate``, ``plasma``. Same seed and count -> the same files, byte for
+byte, on the same Pillow/libjpeg build. Run ``make data`` (or ``python -m pytorchtricks.shards.photoset DST``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import io
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.core import PttError
+
+VERSION = 1
+MARKER = ".photoset.json"
+_SOURCE_GLOBS: tuple[tuple[str, str], ...] = (
+    ("lomiri", "/usr/share/backgrounds/*.jpg"),
+    ("mate", "/usr/share/backgrounds/mate/nature/*.jpg"),
+    ("plasma", "/usr/share/wallpapers/*/contents/images/*.jpg"),
+)
+_WORK_LONG_SIDE = 2048  # sources are decoded once (DCT-scaled) to about this size, then cropped
+
+
+def wallpaper_sources() -> list[tuple[str, str]]:
+    """``[(class, path)]`` of the installed wallpaper photos, sorted; one file per plasma wallpaper (the largest)."""
+    found: list[tuple[str, str]] = []
+    for cls, pattern in _SOURCE_GLOBS:
+        files = [f for f in sorted(glob.glob(pattern)) if not os.path.islink(f)]
+        if cls == "plasma":  # one folder per wallpaper, the same photo at many sizes: keep the largest file
+            best: dict[str, str] = {}
+            for f in files:
+                key = f.split("/contents/")[0]
+                if key not in best or os.path.getsize(f) > os.path.getsize(best[key]):
+                    best[key] = f
+            files = sorted(best.values())
+        found.extend((cls, f) for f in files if os.path.getsize(f) > 10_000)
+    return found
+
+
+def _load_source(path: str) -> Any:
+    from PIL import Image
+
+    img = Image.open(path)
+    w, h = img.size
+    f = _WORK_LONG_SIDE / max(w, h)
+    if f < 1:
+        img.draft("RGB", (int(w * f), int(h * f)))
+    return img.convert("RGB")
+
+
+def _make_one(img: Any, seed: int, index: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng([seed, index])
+    w, h = img.size
+    area = w * h * rng.uniform(0.05, 1.0)
+    aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
+    cw = int(min(w, max(32, round(np.sqrt(area * aspect)))))
+    ch = int(min(h, max(32, round(np.sqrt(area / aspect)))))
+    left, top = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+    long_side = min(max(cw, ch), int(rng.integers(512, 1025)))
+    scale = long_side / max(cw, ch)
+    size = (max(16, round(cw * scale)), max(16, round(ch * scale)))
+    out = img.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch), reducing_gap=3.0)
+    if rng.random() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    buf = io.BytesIO()
+    out.save(buf, "JPEG", quality=int(rng.integers(80, 96)))
+    return buf.getvalue()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _job(args: tuple[str, str, str, int, list[int]]) -> list[tuple[int, str]]:
+    dst, cls, src, seed, items = args
+    img = None
+    out = []
+    for i in items:
+        path = os.path.join(dst, cls, f"{i:05d}.jpg")
+        if os.path.exists(path):  # resumable: files are written atomically, so an existing one is complete
+            with open(path, "rb") as fh:
+                out.append((i, hashlib.sha256(fh.read()).hexdigest()))
+            continue
+        if img is None:
+            img = _load_source(src)
+        data = _make_one(img, seed, i)
+        _write_atomic(path, data)
+        out.append((i, hashlib.sha256(data).hexdigest()))
+    return out
+
+
+def build_photo_set(
+    dst: str | os.PathLike[str], count: int = 10_000, *, seed: int = 0, workers: int | None = None
+) -> dict[str, Any]:
+    """Write ``count`` distinct JPEGs to ``dst/<class>/<index>.jpg``; returns the summary also saved in ``dst``.
+
+    Skips the work when ``dst`` already holds a complete set with the same count, seed and version.
+
+    Raises:
+        PttError: no wallpaper packages installed (``make system-deps``), or two outputs came out identical.
+    """
+    dst = os.fspath(dst)
+    want = {"version": VERSION, "count": int(count), "seed": int(seed)}
+    marker = os.path.join(dst, MARKER)
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as fh:
+            have = json.load(fh)
+        if {k: have.get(k) for k in want} == want:
+            return dict(have)
+    sources = wallpaper_sources()
+    if not sources:
+        raise PttError(
+            "no wallpaper photos found; install the Debian packages with `make system-deps` "
+            "(lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers)."
+        )
+    for cls in sorted({c for c, _ in sources}):
+        os.makedirs(os.path.join(dst, cls), exist_ok=True)
+    jobs = []
+    for s, (cls, src) in enumerate(sources):
+        items = list(range(s, count, len(sources)))
+        if items:
+            jobs.append((dst, cls, src, int(seed), items))
+    nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    if nproc == 1:
+        results = [r for j in jobs for r in _job(j)]
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(nproc) as pool:
+            results = [r for rs in pool.imap_unordered(_job, jobs) for r in rs]
+    digests = dict(results)
+    if len(set(digests.values())) != len(digests):
+        raise PttError("two generated photos are identical; change --seed.")
+    summary = {
+        **want,
+        "classes": sorted({c for c, _ in sources}),
+        "sources": [os.path.basename(os.path.dirname(os.path.dirname(p))) if c == "plasma" else os.path.basename(p)
+                    for c, p in sources],
+        "digest": hashlib.sha256("".join(digests[i] for i in sorted(digests)).encode()).hexdigest(),
+    }
+    _write_atomic(marker, json.dumps(summary, indent=1, sort_keys=True).encode())
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("dst", help="output folder (ImageFolder layout)")
+    p.add_argument("--count", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None)
+    args = p.parse_args(argv)
+    try:
+        s = build_photo_set(args.dst, args.count, seed=args.seed, workers=args.workers)
+    except PttError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{s['count']} photos from {len(s['sources'])} wallpapers in {args.dst} (digest {s['digest'][:16]})")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The native ``.ptt`` shard: a JSON header, an offset/CRC/label table, then the records back to back.
+
+Layout (little-endian)::
+
+    b"PTTSHRD1"  u32 header_len  header JSON  (zero pad to 8)
+    u64 offsets[n + 1]   u32 crc[n]   i64 label[n]        (offsets are absolute file positions)
+    records ...
+
+The dataset index (``index.npy``) repeats (shard, offset, length, label, crc) per sample, so a reader needs one
+memmapped array lookup and one slice of a memmapped shard per sample.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.shards.record import crc32
+
+MAGIC = b"PTTSHRD1"
+_HDR = struct.Struct("<8sI")
+MAX_HEADER_BYTES = 16 << 20
+
+
+def _pad8(n: int) -> int:
+    return (8 - n % 8) % 8
+
+
+def write_ptt_shard(path: str, records: list[bytes], labels: list[int], header: dict[str, Any]) -> None:
+    """Write one shard atomically (temp file + ``os.replace``)."""
+    n = len(records)
+    hdr = json.dumps({**header, "count": n, "version": 1}, sort_keys=True, separators=(",", ":")).encode()
+    head = _HDR.pack(MAGIC, len(hdr)) + hdr
+    head += b"\0" * _pad8(len(head))
+    start = len(head) + 8 * (n + 1) + 4 * n + 8 * n
+    offsets = np.empty(n + 1, dtype="<u8")
+    offsets[0] = start
+    if n:
+        offsets[1:] = start + np.cumsum([len(r) for r in records])
+    crcs = np.asarray([crc32(r) for r in records], dtype="<u4")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(head)
+        fh.write(offsets.tobytes())
+        fh.write(crcs.tobytes())
+        fh.write(np.asarray(labels, dtype="<i8").tobytes())
+        for r in records:
+            fh.write(r)
+    os.replace(tmp, path)
+
+
+def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """``(header, offsets[n+1], crc[n], label[n])`` of a shard, validated against the file size.
+
+    Raises:
+        ShardError: missing, truncated or malformed shard.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            fixed = fh.read(_HDR.size)
+            if len(fixed) < _HDR.size or fixed[:8] != MAGIC:
+                raise ShardError("not a .ptt shard (bad magic) or truncated", path=path)
+            _, hlen = _HDR.unpack(fixed)
+            if hlen > MAX_HEADER_BYTES or _HDR.size + hlen > size:
+                raise ShardError(f"header length {hlen} exceeds the file ({size} bytes): truncated", path=path)
+            header = json.loads(fh.read(hlen))
+            if not isinstance(header, dict):
+                raise ShardError("header is not a JSON object", path=path)
+            n = header.get("count")
+            if not isinstance(n, int) or n < 0:
+                raise ShardError(f"header count {n!r} is not a non-negative integer", path=path)
+            fh.seek(_HDR.size + hlen + _pad8(_HDR.size + hlen))
+            table_bytes = 8 * (n + 1) + 12 * n
+            if fh.tell() + table_bytes > size:
+                raise ShardError(f"table of {n} records exceeds the file ({size} bytes): truncated", path=path)
+            raw = fh.read(table_bytes)
+    except FileNotFoundError as exc:
+        raise ShardError("shard file is missing", path=path) from exc
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ShardError(f"unreadable shard header: {exc}", path=path) from exc
+    offsets = np.frombuffer(raw, dtype="<u8", count=n + 1)
+    crcs = np.frombuffer(raw, dtype="<u4", count=n, offset=8 * (n + 1))
+    labels = np.frombuffer(raw, dtype="<i8", count=n, offset=8 * (n + 1) + 4 * n)
+    if n and (np.any(np.diff(offsets.astype(np.int64)) < 0) or int(offsets[0]) < table_bytes or int(offsets[-1]) != size):
+        raise ShardError(f"offset table does not match the file size {size}: truncated or corrupt", path=path)
+    return header, offsets, crcs, labels
+
+
+class MappedShard:
+    """A read-only memory map of one shard file; slices are zero-copy memoryviews."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            with open(path, "rb") as fh:
+                self.size = os.fstat(fh.fileno()).st_size
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
+        except FileNotFoundError as exc:
+            raise ShardError("shard file is missing", path=path) from exc
+        except OSError as exc:
+            raise ShardError(f"cannot open shard: {exc}", path=path) from exc
+
+    def slice(self, offset: int, length: int, record: int) -> memoryview:
+        if self._mm is None or offset + length > self.size:
+            raise ShardError(
+                f"record [{offset}, {offset + length}) lies beyond the end of the file ({self.size} bytes): "
+                "the shard is truncated or does not match the index",
+                path=self.path,
+                record=record,
+            )
+        return memoryview(self._mm)[offset : offset + length]

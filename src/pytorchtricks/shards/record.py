@@ -1,0 +1,67 @@
+"""One sample as bytes: ``u32 meta_len | meta JSON | payload``, checked by a CRC32 kept beside it.
+
+``meta`` holds the label, the payload kind (``jpeg``, ``png``, ... or ``raw`` for a uint8 HWC array with its
+``shape``) and the sample's extras. JSON only: nothing in a shard is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.shards.errors import ShardError
+
+_U32 = struct.Struct("<I")
+ENCODED_KINDS = ("jpeg", "png", "webp", "bmp", "gif", "tiff")
+
+
+def crc32(data: Any) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def encode_record(payload: bytes, *, label: int, kind: str, extras: dict[str, Any], shape: Any = None) -> bytes:
+    meta: dict[str, Any] = {"label": int(label), "kind": kind}
+    if extras:
+        meta["extras"] = extras
+    if shape is not None:
+        meta["shape"] = [int(s) for s in shape]
+    m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    return _U32.pack(len(m)) + m + payload
+
+
+def decode_record(rec: Any, *, path: str, index: int, crc: int | None = None) -> tuple[Any, int, dict[str, Any]]:
+    """``(payload, label, extras)``; payload is bytes for encoded images, a uint8 array for ``raw`` records.
+
+    Raises:
+        ShardError: CRC mismatch, truncated record or malformed metadata, naming ``path`` and ``index``.
+    """
+    if crc is not None and crc32(rec) != crc:
+        raise ShardError("CRC32 mismatch: the record is corrupt (re-pack or restore the shard)", path=path, record=index)
+    n = len(rec)
+    if n < 4:
+        raise ShardError(f"record too short ({n} bytes)", path=path, record=index)
+    (mlen,) = _U32.unpack_from(rec, 0)
+    if 4 + mlen > n:
+        raise ShardError(f"record metadata length {mlen} exceeds the record ({n} bytes)", path=path, record=index)
+    try:
+        meta = json.loads(bytes(rec[4 : 4 + mlen]))
+        label = int(meta["label"])
+        kind = str(meta["kind"])
+        extras = meta.get("extras") or {}
+        if not isinstance(extras, dict):
+            raise ValueError("extras is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"malformed record metadata: {exc}", path=path, record=index) from exc
+    body = rec[4 + mlen :]
+    if kind == "raw":
+        try:
+            shape = tuple(int(s) for s in meta["shape"])
+            arr = np.frombuffer(body, dtype=np.uint8).reshape(shape)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ShardError(f"raw record does not match its shape: {exc}", path=path, record=index) from exc
+        return arr, label, extras
+    return bytes(body), label, extras
