@@ -1,0 +1,230 @@
+"""``report.html`` of a tune run: one self-contained page (inline CSS and SVG plots, no scripts, no network).
+
+``render(payload)`` takes the receipt as plain data (``dataclasses.asdict`` of a ``TuneResult``, as also stored in
+``results.jsonl``) and returns the page. Every string from the run is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from pytorchtricks.report import plots
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:980px;color:#222;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;width:100%} td,th{border:1px solid #ddd;padding:3px 6px;text-align:left}
+th{background:#f3f3f3} .kept{color:#1b7a6e;font-weight:600} .rejected,.failed{color:#9a3b3b} .skipped{color:#777}
+.big{font-size:1.35em;font-weight:600} .muted{color:#666;font-size:.85em} .plots svg{max-width:100%;height:auto}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:1em} code{background:#f5f5f5;padding:0 3px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _ratio(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "-"
+    return f"{m['ratio']:.2f}x <span class='muted'>(IQR {m['ratio_q1']:.2f}-{m['ratio_q3']:.2f})</span>"
+
+
+def _mib(b: Any) -> str:
+    return "-" if b is None else f"{b / 2**20:.1f} MiB"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows]
+    return "\n".join(out) + "</table>"
+
+
+def _summary(p: dict[str, Any]) -> str:
+    w, env = p["workload"], p["env"]
+    combined = p.get("combined")
+    rec = p.get("recommended") or []
+    lines = [
+        f"<p class='big'>Recommended: {_e(', '.join(rec) or 'keep the current setup')}"
+        + (f" &mdash; measured {_ratio(combined)} images/s vs baseline</p>" if combined else "</p>"),
+        f"<p>{_e(w['model'])} ({w['params'] / 1e6:.1f} M params), {_e(w['for'])}, batch {w['batch_size']}, "
+        f"{w['input_size']} px, on {_e(env.get('device_name'))} ({env.get('threads')} threads, torch "
+        f"{_e(env.get('torch'))}). Data: {_e(w['data'])}.</p>",
+        f"<p class='muted'>Goal {_e(p['goal'])}; ran {p['elapsed_s']:.0f} s of a {p['budget_s']:.0f} s budget. "
+        "Speed ratios are medians of paired per-round ratios over interleaved rounds (variants timed in rotating "
+        "order within each round); the combined figure comes from its own interleaved run, not from multiplying "
+        "single gains.</p>",
+    ]
+    if p.get("interrupted"):
+        lines.append(
+            "<p class='rejected'>Interrupted: this receipt holds only what was measured before Ctrl-C.</p>"
+        )
+    cc = p.get("combined_check")
+    if cc:
+        lines.append(
+            f"<p>Correctness of the combination: {_e(cc['kind'])}: {_e(cc['detail'])} "
+            f"({'passed' if cc['passed'] else 'FAILED'}).</p>"
+        )
+    return "\n".join(lines)
+
+
+def _plots(p: dict[str, Any]) -> str:
+    d = p.get("diagnosis") or {}
+    parts: list[str] = []
+    if d.get("split_s"):
+        parts.append(plots.step_breakdown(d["split_s"], p.get("after_split_s") or None))
+    rows = _throughput_rows(p)
+    if rows:
+        parts.append(plots.throughput(rows))
+    mem = _memory_rows(p)
+    if mem:
+        parts.append(plots.memory(mem[0], mem[1]))
+    if d.get("data_stages_s"):
+        parts.append(plots.data_stages(d["data_stages_s"]))
+    return "<div class='plots'>" + "\n".join(f"<div>{s}</div>" for s in parts) + "</div>"
+
+
+def _throughput_rows(p: dict[str, Any]) -> list[dict[str, Any]]:
+    items = p["workload"]["batch_size"]
+    kept = set(p.get("recommended") or [])
+    source = p.get("final") or []
+    if not source:  # no verification run (interrupted or no winner): the candidate run
+        base = p.get("baseline")
+        source = ([base] if base else []) + [c["measured"] for c in p["candidates"] if c.get("measured")]
+    rows = []
+    for m in source:
+        label = (
+            m["label"]
+            if m["label"] in ("baseline", "combined")
+            else m["tricks"][0]
+            if m["tricks"]
+            else m["label"]
+        )
+        if label == "combined":
+            label = "combined: " + " + ".join(m["tricks"])
+        rows.append(
+            {
+                "label": label,
+                "median_s": m["median_s"],
+                "q1_s": m["q1_s"],
+                "q3_s": m["q3_s"],
+                "items": items,
+                "kept": label.startswith("combined") or (m["tricks"] and set(m["tricks"]) <= kept),
+            }
+        )
+    return rows
+
+
+def _memory_rows(p: dict[str, Any]) -> tuple[list[tuple[str, int]], str] | None:
+    base = p.get("baseline")
+    rows = [("baseline", base["peak_bytes"])] if base and base.get("peak_bytes") is not None else []
+    rows += [
+        (c["name"], c["measured"]["peak_bytes"])
+        for c in p["candidates"]
+        if c.get("measured") and c["measured"].get("peak_bytes") is not None
+    ]
+    comb = p.get("combined")
+    if comb and comb.get("peak_bytes") is not None and len(comb["tricks"]) > 1:
+        rows.append(("combined", comb["peak_bytes"]))
+    return (rows, base.get("peak_method") or "") if rows and base else None
+
+
+def _candidates(p: dict[str, Any]) -> str:
+    rows = []
+    for c in p["candidates"]:
+        chk = c.get("check")
+        m = c.get("measured")
+        rows.append(
+            [
+                f"<code>{_e(c['name'])}</code>",
+                f"<span class='{_e(c['status'])}'>{_e(c['status'])}</span>",
+                "exact" if c["exact"] else "approximate",
+                _ratio(m),
+                f"{p['workload']['batch_size'] / m['median_s']:.1f}" if m else "-",
+                _mib(m.get("peak_bytes")) if m else "-",
+                _e(chk["detail"]) if chk else "-",
+                _e(c["reason"]),
+            ]
+        )
+    return _table(
+        ["trick", "status", "kind", "speed vs baseline", "images/s", "step peak", "check", "why"], rows
+    )
+
+
+def _combination(p: dict[str, Any]) -> str:
+    steps = p.get("combination") or []
+    if not steps:
+        return "<p class='muted'>Fewer than two winners: nothing to combine.</p>"
+    rows = [
+        [
+            _e(" + ".join(s["with"])),
+            f"<code>{_e(s['add'])}</code>",
+            "<span class='kept'>kept</span>" if s.get("kept") else "<span class='rejected'>dropped</span>",
+            _e(s.get("reason", "")),
+        ]
+        for s in steps
+    ]
+    return _table(["combination so far", "adding", "result", "measured"], rows)
+
+
+def _diagnosis(p: dict[str, Any]) -> str:
+    d = p.get("diagnosis")
+    if not d:
+        return "<p class='muted'>Not reached.</p>"
+    split = ", ".join(f"{_e(k)} {v * 1e3:.1f} ms" for k, v in d["split_s"].items())
+    out = [f"<p>Verdict: <b>{_e(d['verdict'])}</b>. Step {d['step_s'] * 1e3:.1f} ms: {split}.</p>"]
+    if d["findings"]:
+        out.append(
+            _table(
+                ["id", "where", "finding", "fix", "source"],
+                [
+                    [
+                        _e(f["id"]),
+                        _e(f["where"]),
+                        _e(f["message"]),
+                        f"<code>{_e(f['fix'])}</code>",
+                        _e(f["source"]),
+                    ]
+                    for f in d["findings"]
+                ],
+            )
+        )
+    mem = d.get("memory") or {}
+    if mem:
+        out.append(
+            "<p>Memory: "
+            + ", ".join(
+                f"{_e(k.replace('_bytes', ''))} {_mib(v)}" for k, v in mem.items() if k.endswith("_bytes")
+            )
+            + f" <span class='muted'>(peak: {_e(mem.get('peak_method', ''))})</span></p>"
+        )
+    return "\n".join(out)
+
+
+def render(p: dict[str, Any]) -> str:
+    """The whole page for receipt ``p``."""
+    notes = "".join(f"<li>{_e(n)}</li>" for n in p.get("notes") or [])
+    env = p["env"]
+    env_rows = [[_e(k), _e(v)] for k, v in env.items()]
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>ptt tune: {_e(p["workload"]["model"])}</title>
+<style>{CSS}</style></head><body>
+<h1>ptt tune receipt</h1>
+{_summary(p)}
+<h2>Plots</h2>
+{_plots(p)}
+<h2>Candidates</h2>
+{_candidates(p)}
+<h2>Greedy combination</h2>
+{_combination(p)}
+<h2>Diagnosis</h2>
+{_diagnosis(p)}
+<h2>Notes</h2>
+<ul>{notes or "<li>none</li>"}</ul>
+<h2>Environment</h2>
+{_table(["key", "value"], env_rows)}
+<p class="muted">Generated by pytorchtricks <code>ptt tune</code>. results.jsonl holds every number on this page;
+apply.py applies the recommended tricks.</p>
+</body></html>
+"""

@@ -1,0 +1,106 @@
+"""Terminal output of ``ptt tune``: a rich progress bar per phase and the final receipt table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytorchtricks.tune.engine import Progress, TuneResult, speedup_text
+
+
+class RichProgress(Progress):
+    """One rich progress task per phase; the previous phase is marked done when the next begins."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.console = console
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task: Any = None
+        self.bar.start()
+
+    def phase(self, name: str, total: int | None) -> None:
+        self._finish()
+        self.task = self.bar.add_task(name, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.bar.advance(self.task, n)
+
+    def log(self, message: str) -> None:
+        self.bar.console.print(message)
+
+    def _finish(self) -> None:
+        if self.task is not None:
+            t = self.bar.tasks[self.task]
+            self.bar.update(self.task, total=t.total or 1, completed=t.total or 1)
+
+    def done(self) -> None:
+        self._finish()
+        self.bar.stop()
+
+
+def receipt_table(res: TuneResult) -> Any:
+    from rich.table import Table
+
+    w = res.workload
+    table = Table(title=f"ptt tune: {w['model']} ({w['for']}, batch {w['batch_size']}, {w['input_size']} px)")
+    for col in ("trick", "status", "speed vs baseline", "images/s", "check", "why"):
+        table.add_column(col, overflow="fold")
+    style = {"kept": "green", "rejected": "red", "failed": "red", "skipped": "dim"}
+    if res.baseline is not None:
+        table.add_row("baseline", "", "1.00x", f"{res.baseline.items_per_s:.1f}", "", "reference")
+    for c in res.candidates:
+        m = c.measured
+        table.add_row(
+            c.name,
+            f"[{style.get(c.status, '')}]{c.status}[/]",
+            speedup_text(m),
+            f"{m.items_per_s:.1f}" if m else "-",
+            ("ok" if c.check.passed else "FAILED") if c.check else "-",
+            c.reason,
+        )
+    if res.combined is not None and len(res.recommended) > 1:
+        table.add_row(
+            "combined",
+            "[green]measured[/]",
+            speedup_text(res.combined),
+            f"{res.combined.items_per_s:.1f}",
+            ("ok" if res.combined_check and res.combined_check.passed else "-"),
+            " + ".join(res.recommended),
+        )
+    return table
+
+
+def summary_lines(res: TuneResult, out: str | None) -> list[str]:
+    env = res.env
+    lines = []
+    if res.recommended:
+        lines.append(
+            f"recommended: {', '.join(res.recommended)} -> {speedup_text(res.combined)} images/s vs baseline "
+            "(measured in its own interleaved run)"
+        )
+    else:
+        lines.append("recommended: nothing beat the baseline by the margin; keep the current setup")
+    lines.append(
+        f"{env.get('device_name')}, {env.get('threads')} threads, torch {env.get('torch')}; "
+        f"{res.elapsed_s:.0f} s of a {res.budget_s:.0f} s budget. Ratios: medians of paired per-round ratios."
+    )
+    lines += [f"note: {n}" for n in res.notes]
+    if out:
+        lines.append(f"receipt: {out}/report.html, {out}/results.jsonl, {out}/apply.py")
+    return lines

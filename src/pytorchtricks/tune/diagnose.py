@@ -1,0 +1,269 @@
+"""The diagnosis phase of ``tune``: where the step time goes, what the model breaks, what memory holds.
+
+Uses the analysis modules when this build has them (``ptt.lint``, ``ptt.memory_breakdown``, ``ptt.doctor_data``)
+and otherwise does the core job itself with the measuring engine: ``Stopwatch`` for the step-time split,
+``SavedTensorMeter`` for activation bytes, ``peak_memory`` for the step's peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch, _cpu_info, peak_memory
+from pytorchtricks.tune.runner import Runner, loader_workers, ptt_function
+from pytorchtricks.tune.workload import ImageFolderData, Workload
+
+INPUT_BOUND_SHARE = 0.30  # data wait above this share of the step: the loop waits for data
+
+
+@dataclass
+class Finding:
+    """One thing the diagnosis noticed: an id, where, what, and the fix."""
+
+    id: str
+    where: str
+    message: str
+    fix: str = ""
+    source: str = "tune"  # "tune" (own check) or "ptt.lint"
+
+
+@dataclass
+class Diagnosis:
+    split_s: dict[str, float]  # seconds per step, per stage
+    step_s: float
+    verdict: str  # "input-bound" or "compute-bound"
+    findings: list[Finding]
+    memory: dict[str, Any]
+    data_stages_s: dict[str, float]  # seconds per sample, per pipeline stage
+    conv_bias_pairs: list[str]
+    conv_bn_pairs: int
+    has_conv2d: bool
+    bf16_native: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def bf16_native(device: torch.device) -> bool:
+    """True when the device computes bf16 natively (CPU: avx512_bf16 or AMX; CUDA: compute capability >= 8)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    _, flags = _cpu_info()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
+    """Conv layers feeding straight into a BatchNorm: (names of those that carry a bias, number of pairs).
+
+    Traced with torch.fx when the model traces; otherwise module registration order (a chain approximation).
+    """
+    convs = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    bns = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    pairs: list[tuple[str, nn.Module]] = []
+    try:
+        gm = torch.fx.symbolic_trace(model)
+        mods = dict(gm.named_modules())
+        for node in gm.graph.nodes:
+            if node.op == "call_module" and isinstance(mods.get(node.target), bns):
+                src = node.args[0] if node.args else None
+                if (
+                    isinstance(src, torch.fx.Node)
+                    and src.op == "call_module"
+                    and isinstance(mods.get(src.target), convs)
+                    and len(src.users) == 1
+                ):
+                    pairs.append((str(src.target), mods[src.target]))
+    except Exception:
+        named = list(model.named_modules())
+        for (n1, m1), (_, m2) in zip(named, named[1:]):
+            if isinstance(m1, convs) and isinstance(m2, bns):
+                pairs.append((n1, m1))
+    with_bias = [n for n, m in pairs if getattr(m, "bias", None) is not None]
+    return with_bias, len(pairs)
+
+
+def data_stages(w: Workload, n: int = 48) -> dict[str, float]:
+    """Seconds per sample in each input-pipeline stage, measured in-process on the first ``n`` samples."""
+    from PIL import Image
+
+    sw = Stopwatch()
+    ds = w.dataset
+    n = min(n, len(ds))  # type: ignore[arg-type]
+    if isinstance(ds, ImageFolderData):
+        import io
+
+        import numpy as np
+
+        items = []
+        for i in range(n):
+            with sw.stage("read file"), open(ds.path(i), "rb") as fh:
+                raw = fh.read()
+            with sw.stage("decode"):
+                f = Image.open(io.BytesIO(raw))
+                f.draft("RGB", (ds.size, ds.size))
+                im: Any = f.convert("RGB")
+            with sw.stage("resize"):
+                im = im.resize((ds.size, ds.size), Image.Resampling.BILINEAR)
+            with sw.stage("to tensor"):
+                items.append(torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1))
+    else:
+        items = []
+        for i in range(n):
+            with sw.stage("generate"):
+                items.append(ds[i][0])
+    with sw.stage("collate"):
+        torch.stack(items)
+    return {k: v / n for k, v in sw.totals_s.items()}
+
+
+def step_split(runner: Runner, steps: int, warmup: int = 2) -> tuple[dict[str, float], float]:
+    """Mean seconds per step in each stage over ``steps`` steps (after ``warmup``), and the mean step time."""
+    for _ in range(warmup):
+        runner.step()
+    sw = Stopwatch(runner.w.device)
+    for _ in range(steps):
+        runner.step(sw)
+    split = {k: v / steps for k, v in sw.totals_s.items()}
+    return split, sum(split.values())
+
+
+def memory_facts(runner: Runner, *, peak: bool = True) -> dict[str, Any]:
+    """Bytes of parameters, gradients, optimizer state, saved activations and the measured peak of one step."""
+    model = runner.model
+    x, y = runner.w.example_batch()
+    xd, yd = runner.prepare(x), y.to(runner.w.device)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    out: dict[str, Any] = {"params_bytes": params}
+    if runner.train:
+        with SavedTensorMeter() as meter:
+            _, loss = runner.loss_of(xd, yd)
+        loss.backward()
+        out["activations_bytes"] = meter.saved_bytes
+        out["grads_bytes"] = sum(
+            p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None
+        )
+        runner.optimizer.step()
+        state = runner.optimizer.state
+        out["optimizer_bytes"] = sum(
+            t.numel() * t.element_size()
+            for s in state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor)
+        )
+        runner.optimizer.zero_grad(set_to_none=True)
+    if peak:
+        res = peak_memory(runner.step, runner.w.device)
+        out["step_peak_bytes"] = res.peak_bytes
+        out["peak_method"] = res.method
+    return out
+
+
+def _lint_findings(model: nn.Module, example: torch.Tensor) -> tuple[list[Finding], str | None]:
+    lint = ptt_function("lint")
+    if lint is None:
+        return [], "ptt.lint is not available in this build; tune ran its own checks"
+    try:
+        found = lint(model, (example,))
+    except Exception as exc:  # a linter failure must not stop the tuning
+        return [], f"ptt.lint failed ({type(exc).__name__}: {exc}); tune ran its own checks"
+    items = getattr(found, "findings", found)
+    out = []
+    for f in list(items or []):
+        out.append(
+            Finding(
+                id=str(getattr(f, "id", getattr(f, "rule", "lint"))),
+                where=str(getattr(f, "where", getattr(f, "location", ""))),
+                message=str(getattr(f, "message", f)),
+                fix=str(getattr(f, "fix", "")),
+                source="ptt.lint",
+            )
+        )
+    return out, None
+
+
+def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
+    """Run the diagnosis on a fresh baseline configuration of ``w``, in about ``budget_s`` seconds.
+
+    One warm-up step sizes the rest: up to 4 timed steps for the split, and the profiled peak-memory step only
+    when it fits.
+    """
+    from pytorchtricks.bench.measure import time_call
+
+    notes: list[str] = []
+    runner = Runner(w, ())
+    try:
+        runner.step()  # first call pays lazy init
+        _, t0 = time_call(runner.step, w.device)
+        steps = max(1, min(4, int(0.4 * budget_s / max(t0, 1e-6))))
+        split, step_s = step_split(runner, steps, warmup=0)
+        memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
+        if "step_peak_bytes" not in memory:
+            notes.append(
+                "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
+            )
+        model = runner.model
+        example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
+        bias_pairs, n_pairs = conv_bn_pairs(w.model_factory())
+        has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        lint_found, lint_note = _lint_findings(w.model_factory(), example)
+    finally:
+        runner.close()
+    if lint_note:
+        notes.append(lint_note)
+    if ptt_function("memory_breakdown") is None:
+        notes.append(
+            "ptt.memory_breakdown is not available in this build; memory measured with SavedTensorMeter"
+        )
+    findings = list(lint_found)
+    if bias_pairs and not any("conv-bias" in f.id or f.id.startswith("PTL001") for f in findings):
+        findings.append(
+            Finding(
+                "conv-bias-before-bn",
+                ", ".join(bias_pairs[:4]) + (" ..." if len(bias_pairs) > 4 else ""),
+                f"{len(bias_pairs)} conv layer(s) with a bias feed a BatchNorm, which subtracts it again",
+                "ptt.remove_conv_bias_before_bn_(model)",
+            )
+        )
+    native = bf16_native(w.device)
+    if native and w.device.type == "cpu":
+        findings.append(
+            Finding(
+                "fp32-on-bf16-cpu",
+                "model",
+                "the step runs in fp32 on a CPU with native bf16 (avx512_bf16/AMX)",
+                'ptt.mixed_precision("cpu", dtype="bf16")',
+            )
+        )
+    share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
+    verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "compute-bound"
+    if verdict == "input-bound":
+        findings.append(
+            Finding(
+                "input-bound",
+                "DataLoader(num_workers=0)",
+                f"{share:.0%} of the step waits for data, loaded in the training process",
+                f"DataLoader(num_workers={loader_workers()}, persistent_workers=True)",
+            )
+        )
+    if w.batch_size % 8:
+        findings.append(
+            Finding(
+                "batch-not-multiple-of-8", "batch size", f"batch size {w.batch_size}", "use a multiple of 8"
+            )
+        )
+    stages = data_stages(w)
+    return Diagnosis(
+        split_s=split,
+        step_s=step_s,
+        verdict=verdict,
+        findings=findings,
+        memory=memory,
+        data_stages_s=stages,
+        conv_bias_pairs=bias_pairs,
+        conv_bn_pairs=n_pairs,
+        has_conv2d=has_conv2d,
+        bf16_native=native,
+        notes=notes,
+    )

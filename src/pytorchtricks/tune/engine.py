@@ -1,0 +1,512 @@
+"""``tune``: diagnose a workload, A/B-measure every applicable trick, combine the winners, write the receipt.
+
+Flow (each phase gets a share of the time budget, ``bench.measure.Deadline``):
+  1. diagnose - step-time split, findings (lint), memory, data-pipeline stages;
+  2. candidates - skip what cannot help (with the reason), check correctness, then measure baseline and every
+     candidate *interleaved* in one ``compare`` (paired per-round ratios, median and IQR);
+  3. combine - add the winners greedily, best first; each addition is re-measured against the combination without
+     it and dropped when its gain vanished, or when the combination fails its correctness check (a conflict);
+  4. verify - one last interleaved run of baseline, the combination and each single winner: the combined speedup
+     in the receipt comes from this run, never from multiplying single ratios.
+
+Decision rule (robust to run-to-run noise, so two runs recommend the same tricks): a trick wins when its check
+passes and the first quartile of its paired speed ratio clears 1 + ``MARGIN``. An exact trick that fixes a
+diagnosed problem (e.g. a conv bias before BN) is also kept when it is not measurably slower (third quartile of
+the ratio >= 1 - ``MARGIN``): it is free and removes the problem. With ``goal="memory"`` a trick wins by lowering
+the measured step peak by ``MEMORY_MARGIN``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pytorchtricks.bench.measure import Comparison, Deadline, compare, environment, peak_memory, quantiles
+from pytorchtricks.core import PttError
+from pytorchtricks.tune.candidates import (
+    CANDIDATES,
+    Check,
+    by_name,
+    check,
+    exact_set,
+    why_not,
+    with_catalogue_metadata,
+)
+from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
+from pytorchtricks.tune.runner import Runner
+from pytorchtricks.tune.workload import Workload, build_workload
+
+MARGIN = 0.03
+MEMORY_MARGIN = 0.05
+REPORT_RESERVE_S = 8.0
+DEFAULT_BUDGET_S = 170.0
+FIX_TRICKS = (
+    "remove_conv_bias_before_bn",
+)  # exact fixes of diagnosed problems: kept unless measurably slower
+
+
+@dataclass
+class Measured:
+    """One variant of one interleaved comparison."""
+
+    label: str
+    tricks: tuple[str, ...]
+    median_s: float
+    q1_s: float
+    q3_s: float
+    items_per_s: float
+    ratio: float  # vs the baseline of the same comparison (> 1: faster)
+    ratio_q1: float
+    ratio_q3: float
+    rounds: int
+    peak_bytes: int | None = None
+    peak_method: str | None = None
+
+
+@dataclass
+class CandidateResult:
+    name: str
+    status: str  # "kept", "rejected", "skipped", "failed"
+    reason: str
+    exact: bool
+    measured: Measured | None = None
+    check: Check | None = None
+
+
+@dataclass
+class TuneResult:
+    workload: dict[str, Any]
+    env: dict[str, Any]
+    goal: str
+    budget_s: float
+    diagnosis: Diagnosis | None = None
+    baseline: Measured | None = None
+    candidates: list[CandidateResult] = field(default_factory=list)
+    combination: list[dict[str, Any]] = field(default_factory=list)  # the greedy steps
+    final: list[Measured] = field(default_factory=list)  # the verification run
+    recommended: tuple[str, ...] = ()
+    combined: Measured | None = None
+    combined_check: Check | None = None
+    after_split_s: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    phases_done: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+
+
+class Progress:
+    """What ``tune`` reports while it runs; the CLI subclasses it with rich progress bars."""
+
+    def phase(self, name: str, total: int | None) -> None: ...
+
+    def advance(self, n: int = 1) -> None: ...
+
+    def log(self, message: str) -> None: ...
+
+    def done(self) -> None: ...
+
+
+def _measured(
+    cmp: Comparison, labels: dict[str, tuple[str, ...]], items: int, mem: dict[str, Any]
+) -> dict[str, Measured]:
+    out = {}
+    for name, v in cmp.variants.items():
+        m = mem.get(name)
+        out[name] = Measured(
+            name,
+            labels[name],
+            v.stats.median_s,
+            v.stats.q1_s,
+            v.stats.q3_s,
+            items / v.stats.median_s,
+            v.ratio,
+            v.ratio_q1,
+            v.ratio_q3,
+            cmp.rounds,
+            m.peak_bytes if m is not None else None,
+            m.method if m is not None else None,
+        )
+    return out
+
+
+def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, float]:
+    """(Q1, median, Q3) of the per-round speed ratio of ``den`` over ``num`` (> 1: ``den`` is faster)."""
+    a, b = cmp[num].stats.times_s, cmp[den].stats.times_s
+    return quantiles([x / y for x, y in zip(a, b)])
+
+
+def plan_rounds(
+    n_variants: int, step_s: float, budget_s: float, memory: bool = True
+) -> tuple[int, float, bool] | None:
+    """(rounds, min_run_time_s, measure_memory) that fit ``n_variants`` into ``budget_s``, or None.
+
+    Prefers more rounds (a tighter IQR) over longer blocks; drops the profiled memory step before giving up.
+    Cost model per variant: one warm-up call, per round the Timer's block-size estimate call plus the timed
+    calls, and ~3 step-times for the profiled peak-memory step.
+    """
+    t = max(step_s, 1e-4)
+    for rounds, k in ((9, 4), (7, 3), (7, 2), (5, 2), (5, 1), (3, 1)):
+        min_rt = max(0.05, (k - 0.5) * t)
+        calls = 1 + max(k, min_rt / t)
+        cost = n_variants * t * (1 + rounds * calls + (3 if memory else 0))
+        if cost <= budget_s:
+            return rounds, min_rt, memory
+    return plan_rounds(n_variants, step_s, budget_s, False) if memory else None
+
+
+def measure_variants(
+    w: Workload,
+    variants: dict[str, tuple[str, ...]],
+    *,
+    step_s: float,
+    budget_s: float,
+    memory: bool = True,
+    on_round: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Measured], Comparison]:
+    """Build a Runner per variant and time them interleaved (first variant is the reference)."""
+    plan = plan_rounds(len(variants), step_s, budget_s, memory)
+    rounds, min_rt, memory = plan if plan is not None else (3, max(0.05, 0.5 * step_s), False)
+    runners: dict[str, Runner] = {}
+    try:
+        for name, tricks in variants.items():
+            runners[name] = Runner(w, tricks)
+        cmp = compare(
+            {n: r.step for n, r in runners.items()},
+            baseline=next(iter(variants)),
+            rounds=rounds,
+            min_run_time_s=min_rt,
+            device=w.device,
+            warmup=1,
+            on_round=on_round,
+            before_block=lambda n: runners[n].drain(),
+        )
+        mem = {n: peak_memory(r.step, w.device) for n, r in runners.items()} if memory else {}
+    finally:
+        for r in runners.values():
+            r.close()
+    return _measured(cmp, variants, w.batch_size, mem), cmp
+
+
+def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tuple[bool, str]:
+    speed_win = m.ratio_q1 > 1 + MARGIN
+    mem_win = (
+        m.peak_bytes is not None
+        and base.peak_bytes is not None
+        and m.peak_bytes < (1 - MEMORY_MARGIN) * base.peak_bytes
+    )
+    spread = f"{m.ratio:.2f}x (IQR {m.ratio_q1:.2f}-{m.ratio_q3:.2f})"
+    if goal in ("speed", "both") and speed_win:
+        return True, f"faster: {spread}"
+    if goal in ("memory", "both") and mem_win:
+        return True, f"step peak {m.peak_bytes / base.peak_bytes:.0%} of baseline"  # type: ignore[operator]
+    if exact and name in FIX_TRICKS and m.ratio_q3 >= 1 - MARGIN:
+        return True, f"exact fix of a diagnosed problem, not slower: {spread}"
+    if m.ratio_q3 < 1 - MARGIN:
+        return False, f"slower: {spread}"
+    return False, f"gain not significant: {spread} does not clear {1 + MARGIN:.2f}"
+
+
+def _priority(diag: Diagnosis) -> list[str]:
+    """Candidate order: those that answer a diagnosed finding first, then catalogue order."""
+    ids = {f.id for f in diag.findings}
+    first = [
+        n
+        for f, n in (
+            ("fp32-on-bf16-cpu", "mixed_precision"),
+            ("input-bound", "loader_workers"),
+            ("conv-bias-before-bn", "remove_conv_bias_before_bn"),
+        )
+        if f in ids
+    ]
+    if (
+        any(i.startswith("PTL001") or "conv-bias" in i for i in ids)
+        and "remove_conv_bias_before_bn" not in first
+    ):
+        first.append("remove_conv_bias_before_bn")
+    return first + [c.name for c in CANDIDATES if c.name not in first]
+
+
+def _left(dl: Deadline) -> float:
+    return max(0.0, dl.remaining_s - REPORT_RESERVE_S)
+
+
+def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, prog: Progress) -> list[str]:
+    diag = res.diagnosis
+    assert diag is not None
+    t = diag.step_s
+    to_measure: list[str] = []
+    rows: dict[str, CandidateResult] = {}
+    prog.phase("check candidates", len(CANDIDATES))
+    checks_until = dl.elapsed_s + 0.25 * _left(dl)  # correctness checks may use a quarter of what is left
+    for name in _priority(diag):
+        c = with_catalogue_metadata(by_name(name))
+        reason = why_not(c, w, diag, _left(dl))
+        if reason is None and dl.elapsed_s > checks_until:
+            reason = (
+                "not tried: the time budget was spent on higher-priority candidates (raise --time-budget)"
+            )
+        if reason is not None:
+            rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
+        else:
+            chk = check(w, (c.name,), c.exact)
+            if chk.passed:
+                rows[name] = CandidateResult(c.name, "measuring", "", c.exact, check=chk)
+                to_measure.append(c.name)
+            else:
+                rows[name] = CandidateResult(
+                    c.name, "failed", f"correctness check failed: {chk.detail}", c.exact, check=chk
+                )
+        prog.advance()
+    res.candidates = [rows[c.name] for c in CANDIDATES]  # the receipt lists candidates in catalogue order
+    share = 0.5 * _left(dl)
+    while to_measure and plan_rounds(1 + len(to_measure), t, share) is None:
+        dropped = to_measure.pop()  # lowest priority first
+        rows[dropped].status = "skipped"
+        rows[
+            dropped
+        ].reason = "checked but not measured: the time budget fits fewer configurations (raise --time-budget)"
+    if not to_measure:
+        if any(r.status == "skipped" and "time budget" in r.reason for r in rows.values()):
+            res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")
+        return []
+    variants: dict[str, tuple[str, ...]] = {"baseline": ()} | {n: (n,) for n in to_measure}
+    plan = plan_rounds(len(variants), t, share)
+    assert plan is not None
+    prog.phase(f"measure {len(to_measure)} candidates ({plan[0]} interleaved rounds)", plan[0])
+    meas, _ = measure_variants(w, variants, step_s=t, budget_s=share, on_round=lambda _r: prog.advance())
+    res.baseline = meas["baseline"]
+    winners = []
+    for name in to_measure:
+        cr = rows[name]
+        cr.measured = meas[name]
+        ok, why = _wins(cr.measured, res.baseline, cr.name, goal, cr.exact)
+        cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
+        if ok:
+            winners.append(cr.name)
+    res.phases_done.append("candidates")
+    # best first: biggest measured speed ratio (ties by name, so the order is deterministic)
+    return sorted(winners, key=lambda n: (-round(meas[n].ratio, 2), n))
+
+
+def _verify_cost_share(dl: Deadline) -> float:
+    return 0.55 * _left(dl)
+
+
+def _phase_combine(
+    w: Workload, res: TuneResult, winners: list[str], dl: Deadline, goal: str, prog: Progress
+) -> tuple[str, ...]:
+    """Greedy: add winners best first; keep one only when the combination is still correct and still gains."""
+    diag = res.diagnosis
+    assert diag is not None
+    t = diag.step_s
+    current: tuple[str, ...] = (winners[0],)
+    prog.phase("combine winners greedily", len(winners) - 1)
+    for i, name in enumerate(winners[1:]):
+        trial = (*current, name)
+        chk = check(w, trial, exact_set(trial))
+        step: dict[str, Any] = {
+            "with": list(current),
+            "add": name,
+            "check": chk.detail,
+            "check_passed": chk.passed,
+        }
+        if not chk.passed:
+            step.update(kept=False, reason=f"conflict: the combination fails its check ({chk.detail})")
+            res.combination.append(step)
+            prog.advance()
+            continue
+        share = (_left(dl) - _verify_cost_share(dl)) / max(1, len(winners) - 1 - i)
+        if plan_rounds(2, t, share, memory=False) is None:
+            # no time to test the addition on its own: it joins, and the verify run below decides
+            step.update(kept=True, reason="joined untested (time budget); judged by the verify run")
+            res.combination.append(step)
+            current = trial
+            prog.advance()
+            continue
+        _, cmp = measure_variants(
+            w, {"without": current, "with": trial}, step_s=t, budget_s=share, memory=False
+        )
+        q1, med, q3 = paired_ratio(cmp, "without", "with")
+        fix = name in FIX_TRICKS and by_name(name).exact
+        keep = q1 > 1.0 or (fix and q3 >= 1 - MARGIN) or goal == "memory"
+        step.update(
+            gain=med,
+            gain_q1=q1,
+            gain_q3=q3,
+            kept=keep,
+            reason=(
+                f"adds {med:.2f}x (IQR {q1:.2f}-{q3:.2f}) on top"
+                if keep
+                else f"gain vanished in the combination: {med:.2f}x (IQR {q1:.2f}-{q3:.2f})"
+            ),
+        )
+        res.combination.append(step)
+        if keep:
+            current = trial
+        prog.advance()
+    res.phases_done.append("combine")
+    return current
+
+
+def _phase_verify(
+    w: Workload, res: TuneResult, combo: tuple[str, ...], singles: list[str], dl: Deadline, prog: Progress
+) -> None:
+    """One interleaved run of baseline, the combination and its single tricks: the receipt's headline numbers."""
+    diag = res.diagnosis
+    assert diag is not None
+    t = diag.step_s
+    res.combined_check = check(w, combo, exact_set(combo)) if len(combo) > 1 else None
+    if res.combined_check is not None and not res.combined_check.passed:
+        res.notes.append(
+            f"the combination {' + '.join(combo)} failed its check; recommending the best single trick"
+        )
+        combo, singles = combo[:1], []
+    variants: dict[str, tuple[str, ...]] = {"baseline": ()}
+    if len(combo) > 1:
+        variants["combined"] = combo
+    for s in singles if len(combo) > 1 else combo:
+        variants[s] = (s,)
+    share = max(0.0, _left(dl) - 4 * t)  # keep time for the after-split
+    while len(variants) > 2 and plan_rounds(len(variants), t, share) is None:
+        variants.popitem()  # drop single tricks from the verify run (they were measured in the candidate run)
+    if plan_rounds(len(variants), t, share) is None:
+        res.notes.append(
+            "no time left to re-measure the combination; the receipt recommends the best single trick"
+        )
+        res.recommended = (combo[0],)
+        res.combined = next((c.measured for c in res.candidates if c.name == combo[0]), None)
+        return
+    plan = plan_rounds(len(variants), t, share)
+    assert plan is not None
+    prog.phase(f"verify: baseline vs combined vs singles ({plan[0]} rounds)", plan[0])
+    meas, cmp = measure_variants(w, variants, step_s=t, budget_s=share, on_round=lambda _r: prog.advance())
+    res.final = list(meas.values())
+    res.recommended = combo
+    res.combined = meas["combined"] if len(combo) > 1 else meas[combo[0]]
+    if (
+        len(combo) > 1
+    ):  # the combination must beat its best single trick in the same rounds, or the single wins
+        best = max(
+            (n for n in variants if n not in ("baseline", "combined")),
+            key=lambda n: meas[n].ratio,
+            default=None,
+        )
+        if best is not None and paired_ratio(cmp, best, "combined")[1] < 1.0:
+            res.notes.append(
+                f"the combination was not faster than {best} alone in the verify run; recommending {best}"
+            )
+            res.recommended, res.combined = (best,), meas[best]
+    res.phases_done.append("verify")
+    if dl.remaining_s > 4 * t:
+        runner = Runner(w, res.recommended)
+        try:
+            res.after_split_s, _ = step_split(runner, 2, warmup=1)
+        finally:
+            runner.close()
+
+
+def run_tune(
+    w: Workload,
+    *,
+    goal: str = "speed",
+    time_budget_s: float | None = None,
+    progress: Progress | None = None,
+    deadline: Deadline | None = None,
+) -> TuneResult:
+    """Diagnose ``w``, measure the applicable tricks, combine the winners; returns the evidence (not written).
+
+    KeyboardInterrupt stops the run and returns what was measured so far (``interrupted=True``).
+    """
+    if goal not in ("speed", "memory", "both"):
+        raise PttError(f"--goal must be speed, memory or both, not {goal!r}.")
+    budget = DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s)
+    if budget <= 0:
+        raise PttError(f"--time-budget must be positive seconds, not {budget}.")
+    prog = progress or Progress()
+    dl = deadline or Deadline(budget)
+    res = TuneResult(workload=describe(w), env=environment(w.device), goal=goal, budget_s=budget)
+    res.notes.extend(w.notes)
+    try:
+        with _seeded(0):
+            prog.phase("diagnose", None)
+            res.diagnosis = diagnose(w, budget_s=0.12 * _left(dl))
+            res.notes.extend(res.diagnosis.notes)
+            res.phases_done.append("diagnose")
+            winners = _phase_candidates(w, res, dl, goal, prog)
+            if not winners:
+                res.notes.append("no trick beat the baseline by the margin: keep the current setup")
+            else:
+                combo = _phase_combine(w, res, winners, dl, goal, prog) if len(winners) > 1 else (winners[0],)
+                singles = [n for n in winners if n in combo] if len(combo) > 1 else []
+                _phase_verify(w, res, combo, singles, dl, prog)
+    except KeyboardInterrupt:
+        res.interrupted = True
+        res.notes.append("interrupted (Ctrl-C): the receipt holds what was measured before that")
+    finally:
+        prog.done()
+    res.elapsed_s = dl.elapsed_s
+    if dl.elapsed_s > budget:
+        res.notes.append(
+            f"ran {dl.elapsed_s - budget:.0f} s over the {budget:.0f} s budget (a loaded machine?)"
+        )
+    return res
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Any:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def describe(w: Workload) -> dict[str, Any]:
+    return {
+        "model": w.model_spec,
+        "data": w.data_desc,
+        "batch_size": w.batch_size,
+        "input_size": w.input_size,
+        "for": w.for_,
+        "device": str(w.device),
+        "num_outputs": w.num_outputs,
+        "params": sum(p.numel() for p in w.model_factory().parameters()),
+    }
+
+
+def tune_model(
+    model: str | None = None,
+    data: str | None = None,
+    *,
+    batch_size: int | None = None,
+    input_size: int | None = None,
+    goal: str = "speed",
+    for_: str = "train",
+    time_budget_s: float | None = None,
+    device: str | None = "cpu",
+    out: str | None = "tune-out",
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
+
+    MODEL: ``torchvision:NAME``, ``package.module:factory`` or ``path.py:factory`` (default: a ResNet-18 on the
+    built-in image set); DATA: an image folder, ``synthetic``, or None for the built-in set. Bad input raises
+    ``PttError`` before anything is written; the folder ``out`` is replaced atomically.
+    """
+    dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))
+    w = build_workload(model, data, batch_size=batch_size, input_size=input_size, for_=for_, device=device)
+    res = run_tune(w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl)
+    if out is not None:
+        from pytorchtricks.tune.receipt import write_receipt
+
+        write_receipt(res, out)
+    return res
+
+
+def speedup_text(m: Measured | None) -> str:
+    if m is None or not math.isfinite(m.ratio):
+        return "-"
+    return f"{m.ratio:.2f}x (IQR {m.ratio_q1:.2f}-{m.ratio_q3:.2f})"
