@@ -52,6 +52,9 @@ _EXPORTS: dict[str, str] = {
     "dataset_on_device": "pytorchtricks.tricks.data.dataset_on_device",
     "autotune_loader": "pytorchtricks.tricks.data.autotune_loader",
     "JpegFolder": "pytorchtricks.tricks.data._folder",
+    "pack": "pytorchtricks.tricks.data.pack",
+    "decode_image": "pytorchtricks.tricks.data.decode_image",
+    "image_size": "pytorchtricks.tricks.data.decode_image",
     # tricks/loop
     "mixed_precision": "pytorchtricks.tricks.loop.mixed_precision",
     "accumulate_gradients": "pytorchtricks.tricks.loop.accumulate_gradients",
@@ -69,6 +72,11 @@ _EXPORTS: dict[str, str] = {
     "unfreeze_": "pytorchtricks.tricks.model.freeze",
     "inplace_activations_": "pytorchtricks.tricks.model.inplace_activations",
     # shards
+    "ShardDataset": "pytorchtricks.shards.dataset",
+    "ShardStream": "pytorchtricks.shards.stream",
+    "ShardError": "pytorchtricks.shards.errors",
+    "DecodeError": "pytorchtricks.shards.errors",
+    "inspect_shards": "pytorchtricks.shards.inspect",
     # analysis
     "doctor_data": "pytorchtricks.analysis.data_doctor",
     "check_reproducible": "pytorchtricks.analysis.reproducibility",

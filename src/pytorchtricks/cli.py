@@ -227,9 +227,100 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 130 if res.interrupted else 0
 
 
+# ----------------------------------------------------------------------------------------------- pack / inspect
+
+
+def _add_pack(sub: Any) -> None:
+    p = sub.add_parser("pack", help="pack an image folder or CSV/JSONL list into ptt, tar or lmdb shards")
+    p.add_argument("src", help="ImageFolder tree (a folder per class) or a .csv/.jsonl list of path,label")
+    p.add_argument("dst", help="output folder (re-running resumes an interrupted pack)")
+    p.add_argument("--format", default="ptt", choices=("ptt", "tar", "lmdb"))
+    p.add_argument("--resize", type=int, default=None, metavar="SHORT_SIDE", help="shrink the short side")
+    p.add_argument("--max-side", type=int, default=None, metavar="N", help="shrink the long side to this")
+    p.add_argument("--quality", type=int, default=None, help="re-encode JPEG at this quality")
+    p.add_argument("--raw", action="store_true", help="store decoded uint8 pixels (no decode when reading)")
+    p.add_argument("--shard-size", default="64MB", help="bytes per shard (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the listing order (no seeded permutation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strict", action="store_true", help="fail on the first bad file instead of listing it")
+    p.add_argument("--verify", action="store_true", help="re-read every shard and record after packing")
+    p.set_defaults(handler=_cmd_pack)
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from pytorchtricks.tricks.data.pack import pack
+
+    s = pack(
+        args.src, args.dst, format=args.format, resize=args.resize, max_side=args.max_side, quality=args.quality,
+        raw=args.raw, shard_size=args.shard_size, workers=args.workers, shuffle=not args.no_shuffle, seed=args.seed,
+        strict=args.strict, verify=args.verify, progress=True,
+    )  # fmt: skip
+    console = _console()
+    rate = s.get("images_per_s")
+    console.print(
+        f"packed {s['count']} of {s['files_in']} files into {len(s['shards'])} {s['format']} shard(s) in {args.dst}: "
+        f"{s['bytes_in'] / 1e6:.1f} MB in, {s['bytes_out'] / 1e6:.1f} MB out"
+        + (f", {rate:.0f} images/s" if rate else " (already complete)")
+        + (f", {s['skipped_shards']} shard(s) kept from an earlier run" if s.get("skipped_shards") else ""),
+        highlight=False,
+    )
+    rejects = s.get("rejects", [])
+    note = " (listed in manifest.json)" if rejects else ""
+    console.print(f"rejects: {len(rejects)}{note}", highlight=False)
+    for r in rejects[:10]:
+        console.print(f"  {r['path']}: {r['reason']}", highlight=False, markup=False)
+    return 0
+
+
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="counts, class histogram, sizes and checksums of a pack")
+    p.add_argument("dst", help="a folder written by `ptt pack`")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256/CRC32 check")
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.set_defaults(handler=_cmd_inspect)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from pytorchtricks.shards.inspect import inspect_shards
+
+    r = inspect_shards(args.dst, verify=not args.no_verify, decode=args.decode)
+    console = _console()
+    over = r["overhead"]
+    console.print(
+        f"{r['path']}: {r['format']}, {r['count']} samples in {r['shards']} shard(s), "
+        f"{r['bytes_out'] / 1e6:.1f} MB ({r['payload_bytes'] / 1e6:.1f} MB payload"
+        + (f", overhead {over:.2%}" if over is not None else "")
+        + f"), {len(r['rejects'])} rejects",
+        highlight=False,
+    )
+    table = Table(title="classes")
+    table.add_column("class")
+    table.add_column("samples", justify="right")
+    for name, n in r["classes"].items():
+        table.add_row(name, str(n))
+    console.print(table)
+    if r["problems"] is None:
+        return 0
+    for p in r["problems"]:
+        console.print(f"problem: {p}", highlight=False, markup=False)
+    console.print("integrity: ok" if not r["problems"] else f"integrity: {len(r['problems'])} problem(s)")
+    return 1 if r["problems"] else 0
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_list, _add_show, _add_bench, _add_report, _add_doctor]
+_COMMANDS: list[Callable[[Any], None]] = [
+    _add_list,
+    _add_show,
+    _add_bench,
+    _add_report,
+    _add_doctor,
+    _add_pack,
+    _add_inspect,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,101 @@
+"""``inspect_shards``: counts, class histogram, sizes, and a full integrity check (sha256, CRC32, optional decode)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from pytorchtricks.shards import layout
+from pytorchtricks.shards.errors import DecodeError, ShardError
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: bool = False) -> list[str]:
+    """Check every shard's sha256 and every record (CRC32, metadata; ``decode=True`` also decodes images).
+
+    Returns the problems found (empty when the pack is intact); never raises for a bad shard.
+    """
+    m = manifest or layout.load_manifest(dst)
+    problems: list[str] = []
+    for s in m["shards"]:
+        path = os.path.join(dst, s["name"], "data.mdb") if m["format"] == "lmdb" else os.path.join(dst, s["name"])
+        if not os.path.exists(path):
+            problems.append(f"{path}: missing")
+        elif _sha256(path) != s["sha256"]:
+            problems.append(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
+    if problems:
+        return problems
+    from pytorchtricks.shards.jpeg import decode_image
+
+    def check(payload: Any, where: str, i: int) -> None:
+        if decode and not hasattr(payload, "shape"):
+            try:
+                decode_image(payload)
+            except DecodeError as exc:
+                problems.append(f"{where}, record {i}: does not decode: {exc}")
+
+    try:
+        if m["format"] == "tar":
+            from pytorchtricks.shards.tar_format import iter_tar_groups, tar_sample
+
+            n = 0
+            for s in m["shards"]:
+                path = os.path.join(dst, s["name"])
+                for j, (key, group) in enumerate(iter_tar_groups(path)):
+                    payload, _, _ = tar_sample(key, group, path=path, index=j)
+                    check(payload, path, j)
+                    n += 1
+            if n != m["count"]:
+                problems.append(f"{dst}: {n} samples in the tars, manifest says {m['count']}")
+        else:
+            from pytorchtricks.shards.dataset import ShardDataset
+
+            ds = ShardDataset(dst, decode=None)
+            for i in range(len(ds)):
+                payload, _, _ = ds.read_raw(i)
+                check(payload, dst, i)
+    except ShardError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def inspect_shards(path: str | os.PathLike[str], *, verify: bool = True, decode: bool = False) -> dict[str, Any]:
+    """Summary of a pack: format, counts, class histogram, bytes, overhead, rejects, and integrity problems.
+
+    Example:
+        >>> import tempfile, os; from PIL import Image
+        >>> src = tempfile.mkdtemp(); os.makedirs(f"{src}/a")
+        >>> Image.new("RGB", (8, 8)).save(f"{src}/a/x.png")
+        >>> dst = tempfile.mkdtemp() + "/p"; _ = ptt.pack(src, dst, workers=0)
+        >>> r = ptt.inspect_shards(dst); r["count"], r["problems"]
+        (1, [])
+    """
+    dst = os.fspath(path)
+    m = layout.load_manifest(dst)
+    payload = int(m.get("payload_bytes", 0))
+    out = int(m.get("bytes_out", 0))
+    report = {
+        "path": dst,
+        "format": m["format"],
+        "count": m["count"],
+        "shards": len(m["shards"]),
+        "classes": dict(zip(m["classes"], m["class_counts"])),
+        "bytes_in": m.get("bytes_in"),
+        "payload_bytes": payload,
+        "bytes_out": out,
+        "overhead": (out - payload) / payload if payload else None,
+        "rejects": m.get("rejects", []),
+        "options": m.get("options", {}),
+        "problems": verify_shards(dst, m, decode=decode) if verify else None,
+    }
+    if m["format"] == "tar":
+        report["pattern"] = m.get("pattern")
+    return report
