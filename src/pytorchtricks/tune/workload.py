@@ -246,8 +246,8 @@ def _load_model_or_explain(spec: str) -> nn.Module:
         return load_model(spec)
     except PttError as exc:
         raise PttError(
-            f"could not build the model from --model {spec!r}: {exc} Fix the spec (forms: torchvision:NAME, "
-            "package.module:factory, path/to/file.py:factory) or the code it points to, then run tune again."
+            f"could not build the model from --model {spec!r}: {exc} (--model takes torchvision:NAME, "
+            "package.module:factory or path/to/file.py:factory; fix the spec or the code it points to.)"
         ) from exc
 
 

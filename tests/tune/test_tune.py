@@ -1,0 +1,115 @@
+"""End to end: a reduced tune (tiny model, 20-second budget), the planted-problem diagnosis, Ctrl-C, atomic output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pytorchtricks.tune.receipt as receipt
+from pytorchtricks.bench.measure import _cpu_info
+from pytorchtricks.tune.diagnose import diagnose
+from pytorchtricks.tune.engine import Progress, tune_model
+from pytorchtricks.tune.workload import build_workload
+
+
+def _rows(out):
+    with open(os.path.join(out, "results.jsonl"), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+@pytest.mark.slow
+def test_reduced_tune_end_to_end(tmp_path, models_file):
+    out = str(tmp_path / "out")
+    res = tune_model(
+        f"{models_file}:planted", "synthetic", batch_size=8, input_size=16, time_budget_s=20, out=out
+    )
+    assert sorted(os.listdir(out)) == ["apply.py", "receipt.json", "report.html", "results.jsonl"]
+    rows = _rows(out)
+    assert rows[0]["kind"] == "tune-run" and rows[0]["env"]["torch"] and rows[0]["interleaved"]
+    assert rows[-1]["kind"] == "tune-summary"
+    cands = [r for r in rows if r["kind"] == "tune-candidate"]
+    assert len(cands) == len(res.candidates) and all(r["reason"] for r in cands if r["status"] != "kept")
+    assert all(r["status"] in ("kept", "rejected", "skipped", "failed") for r in cands)
+    for r in cands:  # every measured candidate passed its check first and carries its spread
+        if r["measured"]:
+            assert (
+                r["check"]["passed"]
+                and r["measured"]["ratio_q1"] <= r["measured"]["ratio"] <= r["measured"]["ratio_q3"]
+            )
+    if res.recommended:  # the headline number is a measurement of exactly the recommended set
+        assert res.combined is not None and set(res.combined.tricks) == set(res.recommended)
+    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert html.count("<svg") >= 2 and "<script" not in html
+    # apply.py is valid Python and applies the tricks to a fresh model
+    code = open(os.path.join(out, "apply.py"), encoding="utf-8").read()
+    ns: dict = {}
+    exec(compile(code, "apply.py", "exec"), ns)
+    w = build_workload(f"{models_file}:planted", "synthetic", batch_size=8, input_size=16)
+    model, optimizer, loader, mp = ns["apply"](w.model_factory(), w.dataset, 8)
+    assert optimizer is not None and mp is not None and len(loader) > 0
+    assert res.elapsed_s < 20 + 15  # the budget drives the plan (slack for a loaded machine)
+
+
+def test_planted_problems_are_diagnosed(tmp_path, models_file, jpegs):
+    # input-bound by construction: 160 px JPEGs decoded per sample for a 2-conv model at 16 px
+    data = jpegs(str(tmp_path / "big"), classes=2, per_class=16, px=160)
+    w = build_workload(f"{models_file}:planted", data, batch_size=16, input_size=16)
+    diag = diagnose(w, budget_s=8)
+    ids = {f.id for f in diag.findings}
+    assert "conv-bias-before-bn" in ids or any(i.startswith("PTL001") for i in ids)
+    assert diag.verdict == "input-bound" and "input-bound" in ids
+    assert diag.conv_bias_pairs == ["0", "3"]
+    if "avx512_bf16" in _cpu_info()[1] or "amx_bf16" in _cpu_info()[1]:
+        assert "fp32-on-bf16-cpu" in ids
+    assert set(diag.split_s) == {"data wait", "host->device", "forward", "backward", "optimizer"}
+    assert diag.memory["params_bytes"] > 0 and diag.memory["activations_bytes"] > 0
+    assert {"read file", "decode", "resize", "collate"} <= set(diag.data_stages_s)
+
+
+class _StopAt(Progress):
+    def phase(self, name, total):
+        if name.startswith("measure"):
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_writes_what_was_measured(tmp_path, models_file):
+    out = str(tmp_path / "out")
+    res = tune_model(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, time_budget_s=30, out=out,
+                     progress=_StopAt())  # fmt: skip
+    assert res.interrupted and res.diagnosis is not None
+    rows = _rows(out)
+    assert rows[0]["interrupted"] and any(r["kind"] == "tune-diagnosis" for r in rows)
+    assert "Interrupted" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
+
+
+def test_receipt_write_is_atomic(tmp_path, models_file, monkeypatch):
+    out = str(tmp_path / "out")
+    res = tune_model(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, time_budget_s=30, out=out,
+                     progress=_StopAt())  # fmt: skip
+    before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+
+    def boom(_p):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("pytorchtricks.report.html.render", boom)
+    with pytest.raises(RuntimeError):
+        receipt.write_receipt(res, out)
+    assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
+    assert sorted(os.listdir(tmp_path)) == ["models.py", "out"]  # no temp folders left behind
+
+
+def test_cli_runs_tune(tmp_path, models_file):
+    out = str(tmp_path / "cli-out")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytorchtricks.cli", "tune", "--model", f"{models_file}:tiny", "--data", "synthetic",
+         "--batch-size", "8", "--input-size", "16", "--time-budget", "6", "--out", out],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ptt tune" in proc.stdout and "receipt:" in proc.stdout
+    assert os.path.exists(os.path.join(out, "report.html"))

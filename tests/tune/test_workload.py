@@ -1,0 +1,84 @@
+"""Workload construction: model specs, data folders, the built-in image set, and the one-paragraph errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pytorchtricks.cli import main
+from pytorchtricks.core import PttError
+from pytorchtricks.tune.engine import tune_model
+from pytorchtricks.tune.workload import (
+    ImageFolderData,
+    SyntheticImages,
+    build_workload,
+    default_image_folder,
+)
+
+
+def test_folder_dataset_yields_uint8_chw_and_labels(jpeg_folder):
+    ds = ImageFolderData(jpeg_folder, 24)
+    x, y = ds[len(ds) - 1]
+    assert x.dtype == torch.uint8 and x.shape == (3, 24, 24)
+    assert (len(ds), ds.classes, y) == (24, ["c0", "c1"], 1)
+
+
+def test_synthetic_is_deterministic():
+    a, b = SyntheticImages(8, 16), SyntheticImages(8, 16)
+    assert torch.equal(a[3][0], b[3][0]) and not torch.equal(a[3][0], a[4][0])
+
+
+def test_default_image_folder_is_built_once_and_atomically(tmp_path):
+    folder, desc = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path))
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs)
+    assert len(files) == 6 and all(f.endswith(".jpg") for f in files)
+    assert "JPEG" in desc
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]  # no half-built folder left
+    again, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path))
+    assert again == folder
+    other, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path / "b"))
+    first = [open(f, "rb").read() for f in files]
+    second = sorted(os.path.join(d, f) for d, _, fs in os.walk(other) for f in fs)
+    assert first == [open(f, "rb").read() for f in second]  # deterministic bytes
+
+
+def test_workload_from_file_factory(models_file, jpeg_folder):
+    w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16)
+    assert (w.num_outputs, w.num_classes, w.batch_size) == (10, 2, 4)
+    m1, m2 = w.model_factory(), w.model_factory()
+    assert m1 is not m2
+    torch.testing.assert_close(m1.state_dict(), m2.state_dict())  # same initial weights every time
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "size", "needle", "fix"),
+    [
+        ("no_such_pkg_xyz.models:net", "synthetic", 32, "cannot import module", "fix the spec"),
+        ("{f}:fails_small", "synthetic", 48, "fails on inputs of shape (2, 3, 48, 48)", "--input-size"),
+        ("{f}:tiny", "{empty}", 32, "holds no images", "--data synthetic"),
+        ("{f}:tiny", "{missing}", 32, "does not exist", "--data"),
+    ],
+)
+def test_bad_input_is_one_paragraph_and_writes_nothing(tmp_path, models_file, model, data, size, needle, fix):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = data.format(empty=empty, missing=tmp_path / "missing")
+    out = tmp_path / "out"
+    with pytest.raises(PttError) as err:
+        tune_model(model.format(f=models_file), data, input_size=size, batch_size=4, out=str(out))
+    msg = str(err.value)
+    assert needle in msg and fix in msg
+    assert "\n" not in msg  # one paragraph
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
+
+
+def test_cli_bad_input_exits_2_with_the_fix(tmp_path, models_file, capsys):
+    out = tmp_path / "out"
+    rc = main(["tune", "--model", f"{models_file}:fails_small", "--data", "synthetic", "--input-size", "40",
+               "--out", str(out)])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--input-size" in err
+    assert not out.exists()
