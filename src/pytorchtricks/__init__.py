@@ -83,6 +83,9 @@ _EXPORTS: dict[str, str] = {
     "lint": "pytorchtricks.analysis.lint",
     "apply_lint_fixes_": "pytorchtricks.analysis.lint",
     "count_flops": "pytorchtricks.analysis.flops",
+    "memory_breakdown": "pytorchtricks.analysis.memory",
+    "estimate_memory": "pytorchtricks.analysis.memory",
+    "find_batch_size": "pytorchtricks.analysis.memory",
     # tune
 }
 

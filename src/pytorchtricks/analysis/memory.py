@@ -1,0 +1,443 @@
+"""Where training memory goes: ``memory_breakdown``, ``estimate_memory`` and ``find_batch_size``.
+
+A training step holds: parameters, gradients (one per trainable parameter), optimizer state (Adam: two per
+parameter), the activations autograd saves for backward, and transient workspace. Parameters and gradients follow
+from shapes; optimizer state comes from two steps on a copy (so any optimizer works), which also measures the
+optimizer's transient temporaries (foreach/fused buffers); activations are *measured* by one probe forward with
+``saved_tensors_hooks``: exact bytes per module, storages counted once, parameters, buffers and the input batch
+excluded (they are live anyway). Backward workspace is modelled: two activation-sized gradient buffers in flight,
+or the gradient temporaries of the largest parameter (x2 for convolutions). The total is checked against the peak
+of live tensor bytes replayed from the CPU allocator (``bench.measure.peak_memory``) in the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display, preserved_state
+from pytorchtricks.core import PttError
+
+__all__ = ["BatchSizeResult", "MemoryBreakdown", "estimate_memory", "find_batch_size", "memory_breakdown"]
+
+LossFn = Callable[[Any], torch.Tensor]
+MiB = 2**20
+
+
+def _default_loss(output: Any) -> torch.Tensor:
+    outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not outs:
+        raise PttError(
+            "the model returned no floating-point tensor; pass loss_fn=lambda out: ... returning a scalar."
+        )
+    return sum(o.float().mean() for o in outs)  # type: ignore[return-value]
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    seen: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        seen[_storage_key(t)] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes of one training step by kind; ``per_module`` lists saved-activation bytes per module path.
+
+    ``total_bytes`` = params + grads + optimizer state + activations (+ the input batch). ``measured_peak_bytes`` is
+    the measured peak of live tensor bytes during a steady-state step (``None`` when not measured) and
+    ``peak_method`` says how it was measured.
+    """
+
+    param_bytes: int
+    buffer_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    input_bytes: int
+    workspace_bytes: int = 0
+    per_module: list[tuple[str, str, int]] = field(default_factory=list)  # (path, type, saved bytes)
+    measured_peak_bytes: int | None = None
+    peak_method: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.param_bytes
+            + self.buffer_bytes
+            + self.grad_bytes
+            + self.optimizer_state_bytes
+            + self.activation_bytes
+            + self.input_bytes
+            + self.workspace_bytes
+        )
+
+    def table(self, top: int = 15) -> str:
+        lines = [f"{'module':<44} {'type':<20} {'saved MiB':>10} {'share':>6}"]
+        for path, kind, nbytes in sorted(self.per_module, key=lambda r: -r[2])[:top]:
+            share = nbytes / self.activation_bytes if self.activation_bytes else 0.0
+            lines.append(f"{display(path)[:44]:<44} {kind[:20]:<20} {nbytes / MiB:>10.3f} {share:>6.1%}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        parts = [
+            ("params", self.param_bytes),
+            ("buffers", self.buffer_bytes),
+            ("grads", self.grad_bytes),
+            ("optimizer state", self.optimizer_state_bytes),
+            ("activations (saved for backward)", self.activation_bytes),
+            ("input batch", self.input_bytes),
+            ("workspace (transient, modelled)", self.workspace_bytes),
+        ]
+        lines = [f"{name:<34} {nbytes / MiB:>10.2f} MiB" for name, nbytes in parts]
+        lines.append(f"{'total (estimate)':<34} {self.total_bytes / MiB:>10.2f} MiB")
+        if self.measured_peak_bytes is not None:
+            err = self.total_bytes / self.measured_peak_bytes - 1 if self.measured_peak_bytes else 0.0
+            lines.append(
+                f"{'measured peak (' + self.peak_method + ')':<34} {self.measured_peak_bytes / MiB:>10.2f} MiB "
+                f"(estimate {err:+.1%})"
+            )
+        return "\n".join(lines)
+
+
+class _SavedByModule:
+    """saved_tensors_hooks that attribute each newly saved storage to the module running when it was saved."""
+
+    def __init__(
+        self, tracker: ModuleTracker, exclude: set[tuple[int, int]], inputs: set[tuple[int, int]]
+    ) -> None:
+        self.tracker = tracker
+        self.exclude = exclude
+        self.inputs = inputs
+        self.by_key: dict[tuple[int, int], tuple[str, int]] = {}
+        self.input_bytes: dict[tuple[int, int], int] = {}
+        self.largest = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key in self.exclude:
+            return t
+        if key in self.inputs:
+            self.input_bytes[key] = t.untyped_storage().nbytes()
+        elif key not in self.by_key:
+            self.by_key[key] = (self.tracker.current, t.untyped_storage().nbytes())
+            self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return t
+
+
+def _saved_activations(
+    model: nn.Module, args: tuple[Any, ...], loss_fn: LossFn
+) -> tuple[int, int, list[tuple[str, str, int]], int]:
+    """(activation bytes, input bytes saved, per-module rows, largest storage) from one probe forward."""
+    exclude = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    inputs = {_storage_key(t) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
+    tracker = ModuleTracker(model)
+    saver = _SavedByModule(tracker, exclude, inputs)
+    with preserved_state(model), tracker, torch.autograd.graph.saved_tensors_hooks(saver.pack, lambda t: t):
+        loss = loss_fn(model(*args))
+    del loss  # the graph (and the saved tensors) go with it
+    per: dict[str, int] = {}
+    for path, nbytes in saver.by_key.values():
+        per[path] = per.get(path, 0) + nbytes
+    modules = dict(model.named_modules())
+    rows = [(p, type(modules.get(p, model)).__name__, b) for p, b in per.items()]
+    return sum(per.values()), sum(saver.input_bytes.values()), rows, saver.largest
+
+
+def _copy_with_optimizer(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    """A deep copy of the model and a fresh optimizer of the same class and hyper-parameters over the copy."""
+    clone = copy.deepcopy(model)
+    if optimizer is None:
+        return clone, None
+    mapping = {id(p): q for p, q in zip(model.parameters(), clone.parameters())}
+    groups = []
+    for g in optimizer.param_groups:
+        missing = [p for p in g["params"] if id(p) not in mapping]
+        if missing:
+            raise PttError(
+                "the optimizer holds parameters that are not the model's; build it from model.parameters()."
+            )
+        groups.append(
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [mapping[id(p)] for p in g["params"]]}
+        )
+    try:  # every group carries all its hyper-parameters; defaults only fill what a group lacks
+        return clone, type(optimizer)(groups)  # type: ignore[call-arg]
+    except TypeError:  # optimizers whose constructor insists on lr=
+        return clone, type(optimizer)(groups, lr=optimizer.defaults.get("lr"))  # type: ignore[call-arg]
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return _unique_bytes(
+        [t for s in optimizer.state.values() for t in tree_flatten(s)[0] if isinstance(t, torch.Tensor)]
+    )
+
+
+def _optimizer_probe(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:
+    """(state bytes, transient bytes of one step) from two steps on a copy with zero gradients.
+
+    The transient (foreach/fused temporaries) is measured on the second step, when the state exists.
+    """
+    from pytorchtricks.bench.measure import peak_memory
+
+    if optimizer is None:
+        return 0, 0
+    clone, opt = _copy_with_optimizer(model, optimizer)
+    assert opt is not None
+    for p in clone.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    device = next((p.device for p in clone.parameters()), torch.device("cpu"))
+    transient = peak_memory(opt.step, device).peak_bytes
+    return (_state_bytes(optimizer) if optimizer.state else _state_bytes(opt)), transient
+
+
+def _backward_workspace(model: nn.Module, largest_saved: int) -> int:
+    """Transient bytes of backward, modelled: two activation-sized gradient buffers in flight, or the gradient
+    temporaries of the largest parameter (accumulated into ``.grad``; conv backward holds two weight-sized buffers).
+    """
+    conv_params = {
+        id(p) for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd) for p in m.parameters()
+    }
+    param_ws = max(
+        ((2 if id(p) in conv_params else 1) * p.nbytes for p in model.parameters() if p.requires_grad),
+        default=0,
+    )
+    return max(2 * largest_saved, param_ws)
+
+
+def estimate_memory(
+    model: nn.Module,
+    example_batch: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+) -> MemoryBreakdown:
+    """Estimate a training step's memory: params, grads, optimizer state, activations (one probe forward), total.
+
+    ``example_batch`` is the model input (a tensor or a tuple of positional arguments); ``loss_fn(output)`` makes
+    the scalar to differentiate (default: mean of the floating outputs; a real loss adds negligible memory). The
+    model and optimizer are left unchanged.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+        >>> est = ptt.estimate_memory(m, torch.randn(32, 64), torch.optim.Adam(m.parameters()))
+        >>> est.grad_bytes == est.param_bytes, est.optimizer_state_bytes >= 2 * est.param_bytes
+        (True, True)
+    """
+    check_module(model)
+    args = as_args(example_batch)
+    loss_fn = loss_fn or _default_loss
+    params = list({id(p): p for p in model.parameters()}.values())
+    activations, input_bytes, rows, largest = _saved_activations(model, args, loss_fn)
+    state_bytes, optimizer_ws = _optimizer_probe(model, optimizer)
+    return MemoryBreakdown(
+        param_bytes=_unique_bytes(params),
+        buffer_bytes=_unique_bytes(list(model.buffers())),
+        grad_bytes=sum(p.nbytes for p in params if p.requires_grad),
+        optimizer_state_bytes=state_bytes,
+        activation_bytes=activations,
+        input_bytes=input_bytes,
+        workspace_bytes=max(optimizer_ws, _backward_workspace(model, largest)),
+        per_module=rows,
+    )
+
+
+def measure_step_peak(
+    model: nn.Module,
+    example_batch: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[int, str]:
+    """Measured peak bytes of a steady-state training step on a copy: live before the step + peak inside it.
+
+    The step is ``zero_grad(set_to_none=False)``, forward, backward, ``optimizer.step()`` after one warm-up step
+    (so gradients and optimizer state already exist, as in every step but the first).
+    """
+    from pytorchtricks.bench.measure import peak_memory
+
+    args = as_args(example_batch)
+    loss_fn = loss_fn or _default_loss
+    clone, opt = _copy_with_optimizer(model, optimizer)
+
+    def step() -> None:
+        if opt is not None:
+            opt.zero_grad(set_to_none=False)
+        else:
+            clone.zero_grad(set_to_none=False)
+        loss_fn(clone(*args)).backward()
+        if opt is not None:
+            opt.step()
+
+    step()  # creates grads and optimizer state
+    live = [*clone.parameters(), *clone.buffers()]
+    live += [p.grad for p in clone.parameters() if p.grad is not None]
+    before = _unique_bytes(live) + (_state_bytes(opt) if opt is not None else 0)
+    before += _unique_bytes([t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)])
+    result = peak_memory(step, device)
+    return before + result.peak_bytes, result.method
+
+
+def memory_breakdown(
+    model: nn.Module,
+    example_batch: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    measure_peak: bool = True,
+) -> MemoryBreakdown:
+    """``estimate_memory`` plus the per-module activation table and the measured peak of a real step.
+
+    ``print(result)`` shows the parts and the estimate's error against the measured peak; ``result.table()``
+    lists the modules that save the most bytes for backward.
+
+    Example:
+        >>> m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 30 * 30, 10))
+        >>> b = ptt.memory_breakdown(m, torch.randn(8, 3, 32, 32))
+        >>> b.per_module[0][:2], b.activation_bytes == 8 * 16 * 30 * 30 * 4  # ReLU output, saved once
+        (('1', 'ReLU'), True)
+    """
+    est = estimate_memory(model, example_batch, optimizer, loss_fn=loss_fn)
+    if measure_peak:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        est.measured_peak_bytes, est.peak_method = measure_step_peak(
+            model, example_batch, optimizer, loss_fn=loss_fn, device=device
+        )
+    return est
+
+
+# ----------------------------------------------------------------------------------------------- batch size
+
+
+@dataclass
+class BatchSizeResult:
+    """Outcome of ``find_batch_size``: the chosen size and every candidate's prediction and measured speed."""
+
+    batch_size: int
+    samples_per_s: float
+    budget_bytes: int
+    rows: list[dict[str, Any]]  # batch_size, predicted_bytes, fits, samples_per_s (None when not timed)
+
+    def __str__(self) -> str:
+        lines = [f"{'batch':>6} {'predicted MiB':>14} {'fits':>5} {'samples/s':>10}"]
+        for r in self.rows:
+            sps = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
+            mark = "  <- chosen" if r["batch_size"] == self.batch_size else ""
+            lines.append(
+                f"{r['batch_size']:>6} {r['predicted_bytes'] / MiB:>14.1f} {('yes' if r['fits'] else 'no'):>5} {sps:>10}{mark}"
+            )
+        lines.append(
+            f"fastest fitting batch size: {self.batch_size} ({self.samples_per_s:.1f} samples/s, budget "
+            f"{self.budget_bytes / MiB:.0f} MiB)"
+        )
+        return "\n".join(lines)
+
+
+def _snap8(n: int) -> int:
+    return max(8, n // 8 * 8)
+
+
+def _default_candidates(max_batch: int) -> list[int]:
+    out, b = [], 8
+    while b <= max_batch:
+        out.append(b)
+        b *= 2
+    if max_batch >= 8 and _snap8(max_batch) not in out:
+        out.append(_snap8(max_batch))
+    return out
+
+
+def find_batch_size(
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    budget_bytes: int,
+    loss_fn: LossFn | None = None,
+    max_batch: int = 512,
+    candidates: list[int] | None = None,
+    min_run_time_s: float = 0.2,
+    device: str | torch.device = "cpu",
+) -> BatchSizeResult:
+    """Pick the *fastest* batch size (samples/s) whose training step fits ``budget_bytes``, in multiples of 8.
+
+    Memory per candidate is predicted from two probes (activations grow linearly with the batch); every
+    candidate that fits is timed (a few training steps on a copy of the model, ``bench.measure``), and the winner
+    is checked by running a real step and measuring its peak (falling back to the next fastest if it does not fit).
+    ``make_batch(n)`` returns the model input for batch size ``n``. The model and optimizer are left unchanged.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        >>> r = ptt.find_batch_size(m, lambda n: torch.randn(n, 32), budget_bytes=2**22, max_batch=64,
+        ...                         min_run_time_s=0.01)
+        >>> r.batch_size % 8 == 0 and r.batch_size <= 64
+        True
+    """
+    from pytorchtricks.bench.measure import measure
+
+    check_module(model)
+    if budget_bytes <= 0:
+        raise PttError(f"budget_bytes must be positive, got {budget_bytes}.")
+    cands = sorted({_snap8(c) for c in (candidates or _default_candidates(max_batch))})
+    small, big = cands[0], max(cands[0] * 2, 16)
+    e1 = estimate_memory(model, make_batch(small), optimizer, loss_fn=loss_fn)
+    e2 = estimate_memory(model, make_batch(big), optimizer, loss_fn=loss_fn)
+    per_sample = (e2.total_bytes - e1.total_bytes) / (big - small)
+    fixed = e1.total_bytes - per_sample * small
+    rows: list[dict[str, Any]] = []
+    for b in cands:
+        predicted = int(fixed + per_sample * b)
+        rows.append(
+            {
+                "batch_size": b,
+                "predicted_bytes": predicted,
+                "fits": predicted <= budget_bytes,
+                "samples_per_s": None,
+            }
+        )
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        raise PttError(
+            f"no batch size in {cands} fits {budget_bytes / MiB:.0f} MiB (batch {cands[0]} needs "
+            f"~{rows[0]['predicted_bytes'] / MiB:.0f} MiB); raise the budget or shrink the model/input."
+        )
+    loss = loss_fn or _default_loss
+    for r in fitting:
+        clone, opt = _copy_with_optimizer(model, optimizer)
+        args = as_args(make_batch(r["batch_size"]))
+
+        def step(clone: nn.Module = clone, opt: Any = opt, args: tuple[Any, ...] = args) -> None:
+            clone.zero_grad(set_to_none=True)
+            loss(clone(*args)).backward()
+            if opt is not None:
+                opt.step()
+
+        stats = measure(step, device=device, min_run_time_s=min_run_time_s, warmup=1)
+        r["samples_per_s"] = r["batch_size"] / stats.median_s
+    for r in sorted(fitting, key=lambda r: -r["samples_per_s"]):
+        peak, _ = measure_step_peak(
+            model, make_batch(r["batch_size"]), optimizer, loss_fn=loss_fn, device=device
+        )
+        r["measured_bytes"] = peak
+        if peak <= budget_bytes and math.isfinite(r["samples_per_s"]):
+            return BatchSizeResult(r["batch_size"], r["samples_per_s"], budget_bytes, rows)
+        r["fits"] = False
+    raise PttError(
+        f"every predicted-fitting batch size exceeded {budget_bytes / MiB:.0f} MiB when measured; raise the budget."
+    )

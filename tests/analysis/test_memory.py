@@ -1,0 +1,121 @@
+"""memory_breakdown / estimate_memory against closed forms and the measured CPU peak; find_batch_size."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.analysis.memory import measure_step_peak
+from pytorchtricks.bench.workloads import load_model, small_cnn
+from pytorchtricks.core import PttError
+
+F32 = 4
+
+
+def test_activation_bytes_of_small_cnn_equal_the_closed_form() -> None:
+    n, w = 4, 8
+    est = ptt.estimate_memory(small_cnn(width=w), torch.randn(n, 1, 28, 28))
+    # Per Conv-BN-ReLU(inplace) block at c channels, s pixels: BN saves its input (the conv output) plus mean and
+    # invstd (c each); ReLU saves its output (which the next conv saves too: one storage). Linear saves the pooled
+    # features. The input batch (saved by the first conv) is reported apart.
+    blocks = [(w, 28 * 28), (2 * w, 14 * 14), (4 * w, 7 * 7)]
+    closed = sum(2 * n * c * s + 2 * c for c, s in blocks) + n * 4 * w
+    assert est.activation_bytes == F32 * closed
+    assert est.input_bytes == F32 * n * 28 * 28
+    assert dict((p, b) for p, _, b in est.per_module)["1"] == F32 * (n * w * 28 * 28 + 2 * w)
+
+
+def test_params_grads_and_adam_state() -> None:
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    m[2].weight.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad])
+    est = ptt.estimate_memory(m, torch.randn(8, 16), opt)
+    n_params = 16 * 32 + 32 + 32 * 4 + 4
+    trainable = n_params - 32 * 4
+    assert est.param_bytes == F32 * n_params and est.grad_bytes == F32 * trainable
+    assert (
+        est.optimizer_state_bytes == 2 * F32 * trainable + 3 * F32
+    )  # exp_avg, exp_avg_sq + one step scalar each
+    assert opt.state == {} and all(p.grad is None for p in m.parameters())  # the user's objects are untouched
+
+
+def _resnet18() -> nn.Module:
+    return load_model("torchvision:resnet18", num_classes=16)
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "small_cnn": (lambda: small_cnn(width=16), (32, 1, 28, 28)),
+    "mlp": (lambda: nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10)), (64, 256)),
+    "resnet18": (_resnet18, (4, 3, 64, 64)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "optim"),
+    [("small_cnn", "adamw"), ("small_cnn", "sgd"), ("mlp", "adamw"), ("mlp", "sgd"), ("resnet18", "adamw")],
+)
+def test_total_is_within_10_percent_of_measured_peak(name: str, optim: str) -> None:
+    factory, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = factory()
+    if optim == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters())
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    b = ptt.memory_breakdown(model, torch.randn(shape), opt)
+    assert b.measured_peak_bytes is not None and b.peak_method == "cpu_tracked"
+    assert abs(b.total_bytes / b.measured_peak_bytes - 1) <= 0.10, str(b)
+    assert "measured peak" in str(b) and b.table().count("\n") >= 1
+
+
+def test_find_batch_size_picks_fastest_fitting_multiple_of_8_that_trains() -> None:
+    torch.manual_seed(0)
+    model = small_cnn(width=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref = copy.deepcopy(model.state_dict())
+
+    def make_batch(n: int) -> torch.Tensor:
+        return torch.randn(n, 1, 28, 28)
+
+    est64 = ptt.estimate_memory(model, make_batch(64), opt)
+    budget = est64.total_bytes + 1024  # 64 fits, 128 does not
+    r = ptt.find_batch_size(
+        model, make_batch, opt, budget_bytes=budget, candidates=[8, 20, 64, 128], min_run_time_s=0.05
+    )
+    assert [row["batch_size"] for row in r.rows] == [8, 16, 64, 128]  # 20 snapped down to a multiple of 8
+    assert [row["fits"] for row in r.rows] == [True, True, True, False]
+    timed = [row for row in r.rows if row["samples_per_s"]]
+    assert (
+        r.batch_size == max(timed, key=lambda row: row["samples_per_s"])["batch_size"]
+    )  # fastest, not largest
+    chosen = next(row for row in r.rows if row["batch_size"] == r.batch_size)
+    assert chosen["measured_bytes"] <= budget
+    # the chosen size trains: one real step on a copy gives a finite loss and changes the weights
+    m2 = copy.deepcopy(model)
+    o2 = torch.optim.SGD(m2.parameters(), lr=0.05)
+    loss = nn.functional.cross_entropy(m2(make_batch(r.batch_size)), torch.randint(0, 10, (r.batch_size,)))
+    loss.backward()
+    o2.step()
+    assert torch.isfinite(loss) and not torch.equal(m2[0].weight, model[0].weight)
+    for k, v in model.state_dict().items():  # the search trained copies only
+        torch.testing.assert_close(v, ref[k], rtol=0, atol=0)
+    assert "chosen" in str(r)
+
+
+def test_find_batch_size_errors() -> None:
+    model = small_cnn(width=8)
+    with pytest.raises(PttError, match="no batch size"):
+        ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28), budget_bytes=1024, max_batch=32)
+    with pytest.raises(PttError, match="positive"):
+        ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28), budget_bytes=0)
+
+
+def test_measure_step_peak_counts_live_state() -> None:
+    m = nn.Linear(256, 256, bias=False)
+    peak, method = measure_step_peak(m, torch.randn(8, 256), torch.optim.SGD(m.parameters(), lr=0.1))
+    assert method == "cpu_tracked" and peak >= 2 * F32 * 256 * 256  # weight + grad at least
