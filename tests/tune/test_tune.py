@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,14 +43,14 @@ def test_reduced_tune_end_to_end(tmp_path, models_file):
             )
     if res.recommended:  # the headline number is a measurement of exactly the recommended set
         assert res.combined is not None and set(res.combined.tricks) == set(res.recommended)
-    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    html = Path(os.path.join(out, "report.html")).read_text(encoding="utf-8")
     assert html.count("<svg") >= 2 and "<script" not in html
     # apply.py is valid Python and applies the tricks to a fresh model
-    code = open(os.path.join(out, "apply.py"), encoding="utf-8").read()
+    code = Path(os.path.join(out, "apply.py")).read_text(encoding="utf-8")
     ns: dict = {}
     exec(compile(code, "apply.py", "exec"), ns)
     w = build_workload(f"{models_file}:planted", "synthetic", batch_size=8, input_size=16)
-    model, optimizer, loader, mp = ns["apply"](w.model_factory(), w.dataset, 8)
+    _model, optimizer, loader, mp = ns["apply"](w.model_factory(), w.dataset, 8)
     assert optimizer is not None and mp is not None and len(loader) > 0
     assert res.elapsed_s < 20 + 15  # the budget drives the plan (slack for a loaded machine)
 
@@ -83,14 +84,14 @@ def test_ctrl_c_writes_what_was_measured(tmp_path, models_file):
     assert res.interrupted and res.diagnosis is not None
     rows = _rows(out)
     assert rows[0]["interrupted"] and any(r["kind"] == "tune-diagnosis" for r in rows)
-    assert "Interrupted" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert "Interrupted" in Path(os.path.join(out, "report.html")).read_text(encoding="utf-8")
 
 
 def test_receipt_write_is_atomic(tmp_path, models_file, monkeypatch):
     out = str(tmp_path / "out")
     res = tune_model(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, time_budget_s=30, out=out,
                      progress=_StopAt())  # fmt: skip
-    before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+    before = {n: Path(os.path.join(out, n)).read_bytes() for n in os.listdir(out)}
 
     def boom(_p):
         raise RuntimeError("disk full")
@@ -98,7 +99,7 @@ def test_receipt_write_is_atomic(tmp_path, models_file, monkeypatch):
     monkeypatch.setattr("pytorchtricks.report.html.render", boom)
     with pytest.raises(RuntimeError):
         receipt.write_receipt(res, out)
-    assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
+    assert {n: Path(os.path.join(out, n)).read_bytes() for n in os.listdir(out)} == before
     assert sorted(os.listdir(tmp_path)) == ["models.py", "out"]  # no temp folders left behind
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,9 +40,9 @@ def test_default_image_folder_is_built_once_and_atomically(tmp_path):
     again, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path))
     assert again == folder
     other, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path / "b"))
-    first = [open(f, "rb").read() for f in files]
+    first = [Path(f).read_bytes() for f in files]
     second = sorted(os.path.join(d, f) for d, _, fs in os.walk(other) for f in fs)
-    assert first == [open(f, "rb").read() for f in second]  # deterministic bytes
+    assert first == [Path(f).read_bytes() for f in second]  # deterministic bytes
 
 
 def test_workload_from_file_factory(models_file, jpeg_folder):

@@ -232,7 +232,9 @@ def _priority(diag: Diagnosis) -> list[str]:
 
 
 def _left(dl: Deadline) -> float:
-    return max(0.0, dl.remaining_s - REPORT_RESERVE_S)
+    """Seconds left for measuring, after keeping time to write the receipt (plots take a few seconds)."""
+    reserve = min(REPORT_RESERVE_S, 2.0 + 0.05 * (dl.budget_s or 0.0))
+    return max(0.0, dl.remaining_s - reserve)
 
 
 def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, prog: Progress) -> list[str]:
