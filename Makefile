@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help
+.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -77,6 +77,24 @@ readme-table: setup
 	$(PY) -m pytorchtricks.report.readme README.md
 
 # ---- targets added by the data, loop, model, analysis and tune work go below this line ----
+
+# Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
+# venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.
+# FFCV is left out: its pip build needs libturbojpeg/opencv dev headers and an old numpy (see README).
+PEERS_VENV := .venv-peers
+PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0
+peers-env: setup
+	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	site=$$($(PEERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	core=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	printf '%s\n%s\n' "$$core" "$(CURDIR)/src" > $$site/_ptt_core.pth
+	$(PEERS_VENV)/bin/pip install -q $(PEERS_PKGS)
+
+# Every loader on the same photos: RandomResizedCrop 224 + flip -> uint8 batches of 256, 2 workers, 2 epochs.
+# IMAGES=2000 for a quick run; the committed results say which size they come from.
+IMAGES ?= 10000
+bench-data: setup data peers-env
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --out results
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

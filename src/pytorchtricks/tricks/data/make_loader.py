@@ -76,12 +76,31 @@ class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch:
         epoch, indices = key
-        images, labels = [], []
-        for i in indices.tolist():
+        idx = indices.tolist()
+        if self.maker.crop is None:  # sizes unknown up front: stack (and check) afterwards
+            images, labels = [], []
+            for i in idx:
+                raw, label = read_item(self.dataset, i)
+                images.append(self.maker(raw, sample_rng(self.seed, epoch, i)))
+                labels.append(label)
+            return _stack(images, labels)
+        out = _batch_buffer((len(idx), *self.maker.crop, 3))
+        buf = out.numpy()
+        labels = []
+        for k, i in enumerate(idx):
             raw, label = read_item(self.dataset, i)
-            images.append(self.maker(raw, sample_rng(self.seed, epoch, i)))
+            self.maker(raw, sample_rng(self.seed, epoch, i), out=buf[k])  # pixels land in the batch directly
             labels.append(label)
-        return _stack(images, labels)
+        return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+
+
+def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """uint8 buffer; inside a worker it is allocated in shared memory, so handing it over costs no copy."""
+    numel = int(np.prod(shape))
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 class _EpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
@@ -201,11 +220,13 @@ def make_loader(
     rank: int | None = None,
     world_size: int | None = None,
     backend: str = "auto",
+    scaled_decode: bool = True,
 ) -> Any:
     """Batches of ``(uint8 images [N,3,H,W], int64 labels [N])`` with RandomResizedCrop via scaled decode.
 
     ``crop=None`` keeps the stored size (every image must then have the same size). ``rank``/``world_size``
-    default to torch.distributed's; pass them to simulate ranks. With ``device`` set to a CUDA device the batches
+    default to torch.distributed's; pass them to simulate ranks. ``scaled_decode=False`` decodes JPEGs at full
+    size before cropping (the reference path, for comparison). With ``device`` set to a CUDA device the batches
     arrive there through ``prefetch_to_device`` (pinned memory, side-stream copies).
 
     Example:
@@ -225,7 +246,7 @@ def make_loader(
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
-    maker = SampleMaker(_pair(crop), scale, ratio, flip, backend)
+    maker = SampleMaker(_pair(crop), scale, ratio, flip, backend, scaled_decode)
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     if not iterable and not hasattr(dataset, "__len__"):
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
