@@ -179,3 +179,52 @@ def test_no_effect_warning_not_raised_for_normal_use(jpegs):
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoEffectWarning)
         next(iter(make_loader(jpegs, 4, crop=16, num_workers=0)))
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    """37 lossless 8x8 images whose red channel is their id, packed as ptt and tar shards."""
+    from pytorchtricks.shards.writer import pack
+
+    src = tmp_path_factory.mktemp("src")
+    for i in range(N):
+        d = src / f"c{i % 3}"
+        d.mkdir(exist_ok=True)
+        Image.new("RGB", (8, 8), (i, 200, 7)).save(d / f"{i:03d}.png")
+    out = {}
+    for fmt in ("ptt", "tar"):
+        out[fmt] = str(tmp_path_factory.mktemp(fmt) / "pack")
+        pack(str(src), out[fmt], format=fmt, workers=0, shard_size=300)  # several shards
+    return out
+
+
+def _ids(loader: object) -> list[int]:
+    return [int(v) for x, _ in loader for v in x[:, 0, 0, 0]]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_shard_dataset_exactly_once_across_workers_and_ranks(packs, tmp_path, cache):
+    from pytorchtricks.shards.dataset import ShardDataset
+
+    ds = ShardDataset(packs["ptt"], decode=None)
+    if cache:
+        ds = ptt.cache_in_ram(ds, size=None, cache_dir=str(tmp_path), num_workers=0)
+    for world in (1, 2):
+        seen: list[int] = []
+        for rank in range(world):
+            loader = make_loader(
+                ds, 4, crop=None, flip=False, num_workers=2, drop_last=False, rank=rank, world_size=world
+            )
+            seen += _ids(loader)
+        assert sorted(seen) == list(range(N))
+
+
+def test_shard_stream_exactly_once_across_workers_and_ranks(packs):
+    from pytorchtricks.shards.stream import ShardStream
+
+    for world in (1, 2):
+        seen: list[int] = []
+        for rank in range(world):
+            stream = ShardStream(packs["tar"], seed=0, decode=None, rank=rank, world_size=world)
+            seen += _ids(make_loader(stream, 4, crop=None, flip=False, num_workers=2, drop_last=False))
+        assert sorted(seen) == list(range(N))

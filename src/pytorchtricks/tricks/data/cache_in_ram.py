@@ -159,7 +159,8 @@ class _DecodeAll(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         raw, label = read_item(self.dataset, i)
-        return torch.from_numpy(_decoded(raw, self.size)), label
+        arr = _decoded(raw, self.size)
+        return torch.from_numpy(arr if arr.flags.writeable else arr.copy()), label
 
 
 def cache_in_ram(
