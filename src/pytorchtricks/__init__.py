@@ -59,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "mixed_precision": "pytorchtricks.tricks.loop.mixed_precision",
     "accumulate_gradients": "pytorchtricks.tricks.loop.accumulate_gradients",
     "check_accumulation": "pytorchtricks.tricks.loop.accumulate_gradients",
+    "checkpoint_activations_": "pytorchtricks.tricks.loop.checkpoint_activations",
+    "checkpoint_plan": "pytorchtricks.tricks.loop.checkpoint_activations",
     "fast_optimizer": "pytorchtricks.tricks.loop.fast_optimizer",
     "scale_lr": "pytorchtricks.tricks.loop.scale_lr",
     "warmup_schedule": "pytorchtricks.tricks.loop.scale_lr",

@@ -1,0 +1,188 @@
+"""checkpoint_activations_: exact gradients, BN statistics updated once, dropout RNG preserved, planner report,
+budgets, and the acceptance check: on a 64-block residual MLP the default plan's measured training-step peak
+(live CPU tensor bytes from allocator events, recomputation included) is within 5% of the best uniform
+segmentation found by brute force over all segment counts."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.bench.measure import cpu_tracked_peak_bytes
+from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # the profiler-measured steps below run faster and steadier on a shared 2-core box
+    yield
+    torch.set_num_threads(old)
+
+
+def _resmlp(depth: int = 16, width: int = 16) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[_Residual(width) for _ in range(depth)])
+
+
+def _bn_chain(depth: int = 6) -> nn.Sequential:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU()) for _ in range(depth)]
+    blocks[2][1] = nn.BatchNorm1d(8, momentum=None)  # cumulative average: counts num_batches_tracked
+    return nn.Sequential(*blocks)
+
+
+def _grads(m: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in m.parameters()]
+
+
+def _train_step(m: nn.Module, x: torch.Tensor, opt: torch.optim.Optimizer) -> None:
+    m(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("how", [{}, {"segments": 3}, {"segments": 16}])
+def test_gradients_equal_unchecked(how: dict) -> None:
+    ref = _resmlp()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), **how)
+    assert list(m.state_dict()) == list(ref.state_dict())
+    x = torch.randn(10, 16, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref(x).pow(3).sum().backward()
+    m(x2).pow(3).sum().backward()
+    for a, b in zip(_grads(ref), _grads(m)):
+        torch.testing.assert_close(b, a)
+    torch.testing.assert_close(x2.grad, x.grad)
+    assert ptt.checkpoint_plan(m).checkpointed_segments >= 1
+
+
+@pytest.mark.parametrize("how", [{}, {"segments": 2}, {"segments": 6}])
+def test_batchnorm_running_stats_equal_after_three_steps(how: dict) -> None:
+    ref = _bn_chain()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), **how)
+    opts = [torch.optim.SGD(mm.parameters(), lr=0.1) for mm in (ref, m)]
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(12, 8, generator=g) * 2 + 0.5
+        for mm, opt in zip((ref, m), opts):
+            _train_step(mm, x, opt)
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=k)
+    assert int(m[2][1].num_batches_tracked) == 3 and int(m[0][1].num_batches_tracked) == 3
+
+
+def test_dropout_gradients_equal_with_rng_preserved() -> None:
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Tanh()) for _ in range(8)])
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), segments=3)
+    x = torch.randn(32, 16)
+    for model in (ref, m):
+        torch.manual_seed(123)
+        model(x).sum().backward()
+    for a, b in zip(_grads(ref), _grads(m)):
+        torch.testing.assert_close(b, a)
+
+
+def test_planner_report_states_planned_and_measured() -> None:
+    m = ptt.checkpoint_activations_(_resmlp(32, 32), example_inputs=torch.randn(64, 32))
+    plan = ptt.checkpoint_plan(m)
+    assert not plan.pending and plan.peak_method == "cpu_tracked"
+    assert plan.block_saved_bytes == [2 * 64 * 32 * 4] * 32  # Linear input + ReLU output, fp32
+    assert plan.planned_peak_bytes is not None and plan.measured_peak_bytes is not None
+    assert plan.measured_saved_bytes is not None and plan.unchecked_peak_bytes is not None
+    assert plan.planned_peak_bytes < plan.unchecked_peak_bytes / 2
+    assert plan.measured_peak_bytes < plan.unchecked_peak_bytes  # the probe measured the saving for real
+    text = str(plan)
+    assert "planned" in text and "measured" in text
+
+
+def test_budget_picks_least_recompute_that_fits() -> None:
+    x = torch.randn(64, 32)
+    tight = ptt.checkpoint_plan(ptt.checkpoint_activations_(_resmlp(32, 32), example_inputs=x))
+    budget = int(tight.planned_peak_bytes * 2.5)
+    loose = ptt.checkpoint_plan(
+        ptt.checkpoint_activations_(_resmlp(32, 32), budget_bytes=budget, example_inputs=x)
+    )
+    assert loose.planned_peak_bytes <= budget
+    recomputed = sum(e - s for s, e, ck in loose.runs if ck)
+    assert 0 < recomputed < sum(e - s for s, e, ck in tight.runs if ck)
+    with pytest.raises(ptt.PttError, match="no plan fits"):
+        ptt.checkpoint_activations_(_resmlp(32, 32), budget_bytes=1000, example_inputs=x)
+    with pytest.warns(ptt.NoEffectWarning):
+        ptt.checkpoint_activations_(_resmlp(32, 32), budget_bytes=10**9, example_inputs=x)
+
+
+class _ListNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.GELU()) for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_modulelist_is_checkpointed_per_block() -> None:
+    ref = _ListNet()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref))
+    assert ptt.checkpoint_plan(m).method == "per block"
+    x = torch.randn(6, 8)
+    ref(x).square().sum().backward()
+    m(x).square().sum().backward()
+    for a, b in zip(_grads(ref), _grads(m)):
+        torch.testing.assert_close(b, a)
+    torch.testing.assert_close(m.layers[0][1].running_mean, ref.layers[0][1].running_mean)
+    assert int(m.layers[0][1].num_batches_tracked) == 1
+    with pytest.raises(ptt.PttError, match="ModuleList"):
+        ptt.checkpoint_activations_(_ListNet(), segments=2)
+
+
+def test_misuse() -> None:
+    with pytest.raises(ptt.PttError, match="not both"):
+        ptt.checkpoint_activations_(_resmlp(), budget_bytes=10, segments=2)
+    m = ptt.checkpoint_activations_(_resmlp(), segments=2)
+    with pytest.raises(ptt.PttError, match="already"):
+        ptt.checkpoint_activations_(m)
+    with pytest.raises(ptt.PttError, match="not checkpointed"):
+        ptt.checkpoint_plan(nn.Linear(2, 2))
+    with pytest.raises(ptt.PttError, match="no submodule"):
+        ptt.checkpoint_activations_(_resmlp(), blocks="trunk")
+
+
+@pytest.mark.slow
+def test_default_plan_peak_within_5_percent_of_best_uniform_segmentation() -> None:
+    depth, width, batch = (
+        64,
+        32,
+        512,
+    )  # activations dominate: 64 x 2 x 64 KiB saved unchecked vs 8 KiB params/block
+    base = _resmlp(depth, width)
+    x = torch.randn(batch, width)
+
+    def step_peak(m: nn.Module) -> int:
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        _train_step(m, x, opt)  # first step plans (default plan); measure the next one
+        return cpu_tracked_peak_bytes(lambda: _train_step(m, x, opt))
+
+    uniform = {
+        k: step_peak(ptt.checkpoint_activations_(copy.deepcopy(base), segments=k))
+        for k in range(1, depth + 1)
+    }
+    best = min(uniform, key=uniform.__getitem__)
+    default = ptt.checkpoint_activations_(copy.deepcopy(base))
+    peak = step_peak(default)
+    unchecked = step_peak(copy.deepcopy(base))
+    assert peak <= 1.05 * uniform[best], (peak, best, uniform[best], str(ptt.checkpoint_plan(default)))
+    assert unchecked > 3 * peak  # the brute force is over a setting where checkpointing matters
