@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "memory_breakdown": "pytorchtricks.analysis.memory",
     "estimate_memory": "pytorchtricks.analysis.memory",
     "find_batch_size": "pytorchtricks.analysis.memory",
+    "profile": "pytorchtricks.analysis.profile",
     # tune
 }
 

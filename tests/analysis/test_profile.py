@@ -1,0 +1,120 @@
+"""ptt.profile: the step split, the verdict on input-bound and compute-bound toy loops, trace size guard."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.analysis.profile import SEGMENTS, _verdict
+from pytorchtricks.core import PttError
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Timing splits on a shared 2-core machine: one intra-op thread keeps small ops from stalling on spin-waits."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _train_step(model: nn.Module) -> tuple[torch.optim.Optimizer, object]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(x: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    return opt, step
+
+
+def test_input_bound_loop_says_input_bound() -> None:
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    _, step = _train_step(model)
+
+    def slow_reader() -> Iterator[torch.Tensor]:
+        while True:
+            time.sleep(0.03)  # a slow disk / decoder: the model waits for every batch
+            yield torch.randn(8, 16)
+
+    rep = ptt.profile(step, steps=4, data=slow_reader(), warmup=1, profile_steps=0, hotspot_steps=0)
+    assert rep.verdict == "input-bound", str(rep)
+    assert rep.split_s["data"] >= 0.025
+    assert "make_loader" in rep.line()
+
+
+def test_compute_heavy_loop_says_compute_bound_and_splits_the_step() -> None:
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)])
+    _, step = _train_step(model)
+    batch = torch.randn(256, 512)
+    rep = ptt.profile(step, steps=3, data=[batch], warmup=1, profile_steps=1, hotspot_steps=1, top=5)
+    assert rep.verdict == "compute-bound", str(rep)
+    assert rep.split_s["forward"] > 0 and rep.split_s["backward"] > rep.split_s["forward"] * 0.5
+    assert rep.split_s["optimizer"] > 0 and rep.split_s["h2d"] == 0 and rep.split_s["sync"] == 0
+    assert any("mm" in r["name"] for r in rep.top_ops[:3]), rep.top_ops
+    assert rep.hotspots and all({"function", "calls", "tottime_ms"} <= set(r) for r in rep.hotspots)
+    assert "mixed_precision" in str(rep)
+
+
+def test_verdict_rules() -> None:
+    base = dict.fromkeys(SEGMENTS, 0.0)
+    assert _verdict({**base, "data": 0.5, "forward": 0.5}) == "input-bound"
+    assert _verdict({**base, "sync": 0.3, "forward": 0.7}) == "sync-bound"
+    assert _verdict({**base, "forward": 0.2, "backward": 0.3, "other": 0.1}) == "compute-bound"
+    assert _verdict({**base, "other": 0.8, "forward": 0.2}) == "overhead-bound"
+
+
+def test_trace_export_and_size_guard(tmp_path: object) -> None:
+    model = nn.Linear(32, 32)
+    _, step = _train_step(model)
+    path = os.path.join(str(tmp_path), "trace.json")
+    rep = ptt.profile(
+        step, steps=1, data=[torch.randn(4, 32)], profile_steps=1, hotspot_steps=0, trace_path=path
+    )
+    assert rep.trace_path == path
+    with open(path, encoding="utf-8") as fh:
+        assert any("addmm" in e.get("name", "") for e in json.load(fh)["traceEvents"])
+    size = os.path.getsize(path)
+    small = os.path.join(str(tmp_path), "small.json")
+    rep = ptt.profile(
+        step, steps=1, data=[torch.randn(4, 32)], profile_steps=1, hotspot_steps=0, trace_path=small,
+        max_trace_bytes=size // 2,
+    )  # fmt: skip
+    if rep.trace_path is not None:  # gzipped under the limit
+        assert rep.trace_path.endswith(".gz") and os.path.getsize(rep.trace_path) <= size // 2
+        with gzip.open(rep.trace_path) as fh:
+            json.load(fh)
+    else:
+        assert "dropped" in rep.notes[0]
+    assert not os.path.exists(small)
+    rep = ptt.profile(
+        step,
+        steps=1,
+        data=[torch.randn(4, 32)],
+        profile_steps=1,
+        hotspot_steps=0,
+        trace_path=small,
+        max_trace_bytes=10,
+    )
+    assert rep.trace_path is None and "dropped" in rep.notes[0]
+    assert not [f for f in os.listdir(str(tmp_path)) if f.endswith(".tmp")]  # no temp files left behind
+
+
+def test_misuse() -> None:
+    with pytest.raises(PttError, match="callable"):
+        ptt.profile("step")  # type: ignore[arg-type]
+    with pytest.raises(PttError, match="steps"):
+        ptt.profile(lambda: None, steps=0)
+    with pytest.raises(PttError, match="empty"):
+        ptt.profile(lambda b: None, steps=1, data=[], warmup=0, profile_steps=0, hotspot_steps=0)
+    rep = ptt.profile(lambda: None, steps=2, warmup=0, profile_steps=0, hotspot_steps=0)  # no data: step_fn()
+    assert rep.split_s["data"] >= 0 and rep.steps == 2
