@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data
+.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -41,8 +41,8 @@ system-deps:
 	  fi; \
 	fi
 
-demo: setup
-	$(PTT) bench --all --size smoke --out bench-results
+demo: setup system-deps
+	$(PTT) tune --out tune-out
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -95,6 +95,22 @@ peers-env: setup
 IMAGES ?= 10000
 bench-data: setup data peers-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --out results
+
+# `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
+# both recommendations and the verify run (combined vs each single trick) -> results/tune-planted.{jsonl,md}.
+bench-tune: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out results
+
+# Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the README shows.
+TUNE_OUT ?= tune-out
+screenshot: setup system-deps
+	test -f $(TUNE_OUT)/report.html || $(MAKE) demo
+	mkdir -p docs
+	profile=$$(mktemp -d); \
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+	  --disable-component-update --disable-sync --user-data-dir=$$profile --hide-scrollbars --window-size=1100,3400 \
+	  --screenshot=$(CURDIR)/docs/tune-report.png file://$(abspath $(TUNE_OUT))/report.html; \
+	rm -rf $$profile
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
