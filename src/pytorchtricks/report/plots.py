@@ -49,12 +49,7 @@ def step_breakdown(before: dict[str, float], after: dict[str, float] | None) -> 
         ax.text(left, i, f" {left:.0f} ms", va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)])
     ax.set_xlabel("milliseconds per step (mean over timed steps)")
-    ax.legend(
-        ncol=min(5, len(stages)),
-        fontsize=8,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.35 - 0.1 * len(rows)),
-    )
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.margins(x=0.15)
     ax.set_title("Where a step's time goes", fontsize=11)
     return _svg(fig)
