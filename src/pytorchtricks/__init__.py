@@ -90,6 +90,7 @@ _EXPORTS: dict[str, str] = {
     "find_batch_size": "pytorchtricks.analysis.memory",
     "profile": "pytorchtricks.analysis.profile",
     # tune
+    "tune_model": "pytorchtricks.tune.engine",
 }
 
 __all__ = sorted(_EXPORTS)
