@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
+.PHONY: bench-train setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -111,6 +111,12 @@ screenshot: setup system-deps
 	  --disable-component-update --disable-sync --user-data-dir=$$profile --hide-scrollbars --window-size=1100,3400 \
 	  --screenshot=$(CURDIR)/docs/tune-report.png file://$(abspath $(TUNE_OUT))/report.html; \
 	rm -rf $$profile
+
+# Training step on CPU, ResNet-18 128px and ViT-tiny batch 64: naive fp32 vs each trick vs the best combination
+# (interleaved rounds, peak memory) -> results/train_step-cpu.{jsonl,md}. ROUNDS=3 keeps it near 30 min on 2 cores.
+ROUNDS ?= 3
+bench-train: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/train_step.py --rounds $(ROUNDS) --out results
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
