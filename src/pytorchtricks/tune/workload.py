@@ -289,9 +289,10 @@ def build_workload(
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
 
     Example:
-        >>> w = build_workload("pytorchtricks.bench.workloads:small_cnn", "synthetic", batch_size=4, input_size=16)
-        >>> w.example_batch()[0].shape
-        torch.Size([4, 3, 16, 16])
+        >>> build_workload("torch.nn:Identity", "synthetic", batch_size=2, input_size=8)
+        Traceback (most recent call last):
+        ...
+        pytorchtricks.core.PttError: the model torch.nn:Identity returns (2, 3, 8, 8), but tune trains with ...
     """
     if for_ not in ("train", "infer", "inference"):
         raise PttError(f"--for must be train or inference, not {for_!r}.")
