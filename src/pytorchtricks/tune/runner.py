@@ -78,6 +78,8 @@ class Runner:
         self.train = w.for_ == "train"
         dev = w.device
         torch.manual_seed(seed)
+        self._mean, self._std = MEAN.to(dev), STD.to(dev)
+        self.channels_last = "to_channels_last" in tricks
         model = w.model_factory()
         on = set(self.tricks)
         if "remove_conv_bias_before_bn" in on:
@@ -87,7 +89,6 @@ class Runner:
         if "fuse_conv_bn" in on:
             _need("fuse_conv_bn_")(model)
         model.to(dev)
-        self.channels_last = "to_channels_last" in on
         if self.channels_last:
             _need("to_channels_last_")(model)
         self.model = model
@@ -101,7 +102,8 @@ class Runner:
         self.mp = _need("mixed_precision")(dev, dtype="bf16") if "mixed_precision" in on else None
         if "quantize" in on:
             x, _ = w.example_batch(min(w.batch_size, 8))
-            self.forward = _need("quantize_")(model, (self.prepare(x),))
+            # FX int8 without torch.compile: PT2E's int8 kernels need minutes of compilation on a CPU
+            self.forward = _need("quantize_")(model, self.prepare(x), compile=False, backend="fx")
         if "compile" in on:
             self.forward = _need("compile_")(model, for_inference=not self.train)
         # process-wide switches are entered around every step, so interleaved variants do not leak into each other
@@ -109,7 +111,6 @@ class Runner:
         self.num_workers = loader_workers() if "loader_workers" in on else 0
         self._loader = make_loader(w, self.num_workers, seed) if loader else None
         self._it: Iterator[Any] | None = None
-        self._mean, self._std = MEAN.to(dev), STD.to(dev)
 
     # -- data
 
