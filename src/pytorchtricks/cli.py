@@ -205,7 +205,7 @@ def _add_tune(sub: Any) -> None:
     p.add_argument("--input-size", type=int, default=None, help="image side in pixels (default: 64)")
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 170)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 160)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)")
     p.set_defaults(handler=_cmd_tune)
