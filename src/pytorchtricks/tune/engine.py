@@ -207,6 +207,9 @@ def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tup
         return True, f"step peak {m.peak_bytes / base.peak_bytes:.0%} of baseline"  # type: ignore[operator]
     if exact and name in FIX_TRICKS and m.ratio_q3 >= 1 - MARGIN:
         return True, f"exact fix of a diagnosed problem; not measurably slower: {spread}"
+    if goal == "memory":
+        share = f"{m.peak_bytes / base.peak_bytes:.0%}" if m.peak_bytes and base.peak_bytes else "unmeasured"
+        return False, f"step peak {share} of baseline: not {MEMORY_MARGIN:.0%} lower (speed {spread})"
     if m.ratio_q3 < 1 - MARGIN:
         return False, f"slower: {spread}"
     return False, f"gain not significant: {spread} does not clear {1 + MARGIN:.2f}"
