@@ -61,6 +61,8 @@ _EXPORTS: dict[str, str] = {
     "check_accumulation": "pytorchtricks.tricks.loop.accumulate_gradients",
     "checkpoint_activations_": "pytorchtricks.tricks.loop.checkpoint_activations",
     "checkpoint_plan": "pytorchtricks.tricks.loop.checkpoint_activations",
+    "to_inplace_abn_": "pytorchtricks.tricks.loop.to_inplace_abn",
+    "InPlaceABN": "pytorchtricks.tricks.loop.to_inplace_abn",
     "fast_optimizer": "pytorchtricks.tricks.loop.fast_optimizer",
     "scale_lr": "pytorchtricks.tricks.loop.scale_lr",
     "warmup_schedule": "pytorchtricks.tricks.loop.scale_lr",
