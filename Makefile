@@ -101,6 +101,16 @@ bench-data: setup data peers-env
 bench-tune: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out results
 
+# ShuffleNetV2 G1-G4 micro-benchmarks: equal-FLOPs variants, MAC ratio vs measured time ratio -> results/design_rules.*
+# (1 intra-op thread: stable on a shared 2-core machine; CUDA too when present).
+bench-design: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/design_rules.py --size full --rounds 7 --threads 1 --out results
+
+# Example `ptt lint` outputs of three torchvision models (random weights) -> results/lint-*.txt.
+lint-examples: setup
+	for m in resnet50 mobilenet_v3_small shufflenet_v2_x1_0; do \
+	  $(PTT) lint torchvision:$$m --input-shape 1,3,224,224 > results/lint-$$m.txt; done
+
 # Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the README shows.
 TUNE_OUT ?= tune-out
 screenshot: setup system-deps

@@ -310,6 +310,96 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if r["problems"] else 0
 
 
+# ----------------------------------------------------------------------------------------------- lint / profile
+
+
+def _model_and_input(spec: str, shape: str) -> tuple[Any, Any]:
+    import torch
+
+    from pytorchtricks.bench.workloads import load_model, parse_shape
+
+    return load_model(spec), torch.randn(parse_shape(shape))
+
+
+def _add_lint(sub: Any) -> None:
+    p = sub.add_parser("lint", help="check a model against the design rules (PTL001 ...): where, cost, fix")
+    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
+    p.add_argument("--phase", default="train", choices=("train", "infer"), help="what the model is for")
+    p.add_argument("--rules", help="comma-separated rule ids, e.g. PTL001,PTL010 (default: all)")
+    p.add_argument("--fix", action="store_true", help="apply the safe fixes (exact) and report what changed")
+    p.add_argument("--measure", action="store_true", help="time G1/G2 findings vs equal-FLOPs layers")
+    p.add_argument("--details", action="store_true", help="one line per finding instead of grouped by rule")
+    p.set_defaults(handler=_cmd_lint)
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from pytorchtricks.analysis.lint import apply_lint_fixes_, lint
+
+    model, x = _model_and_input(args.model, args.input_shape)
+    rules = [r.strip().upper() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    console = _console()
+    if args.fix:
+        rep = apply_lint_fixes_(model, x, phase=args.phase)
+        report = rep.after
+        out = f"{rep.before}\n\n--fix (ptt.apply_lint_fixes_ does the same to your model object):\n{rep}"
+        console.print(out, markup=False, highlight=False, soft_wrap=True)
+    else:
+        report = lint(model, x, phase=args.phase, rules=rules)
+    if args.measure:
+        from pytorchtricks.analysis.design_rules import measure_findings
+
+        measure_findings(model, x, report.findings)
+    if not args.fix or args.measure:
+        text = report.details() if args.details else str(report)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _add_profile(sub: Any) -> None:
+    p = sub.add_parser("profile", help="profile a training step: time split, verdict, top ops")
+    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("--input-shape", default="8,3,224,224", help="batch shape (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default: %(default)s)")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler (0: skip)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace (.json) here")
+    p.add_argument("--max-trace-mb", type=float, default=50.0)
+    p.set_defaults(handler=_cmd_profile)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from pytorchtricks.analysis.profile import profile
+    from pytorchtricks.core import resolve_device
+
+    dev = resolve_device(args.device)
+    model, x = _model_and_input(args.model, args.input_shape)
+    model.to(dev).train()
+    with torch.no_grad():
+        out = model(x[:1].to(dev))
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        raise PttError("ptt profile trains with cross-entropy on a [batch, classes] output; profile other models "
+                       "from Python with ptt.profile(step_fn, data=...).")  # fmt: skip
+    batches = [(x, torch.randint(0, out.shape[1], (x.shape[0],))) for _ in range(2)]  # synthetic, on the host
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(batch: tuple[Any, Any]) -> None:
+        xb, yb = batch[0].to(dev, non_blocking=True), batch[1].to(dev, non_blocking=True)
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    rep = profile(
+        step, args.steps, data=batches, profile_steps=args.profile_steps, trace_path=args.trace,
+        max_trace_bytes=int(args.max_trace_mb * 2**20), device=dev,
+    )  # fmt: skip
+    _console().print(str(rep), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 _COMMANDS: list[Callable[[Any], None]] = [
@@ -320,6 +410,8 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_doctor,
     _add_pack,
     _add_inspect,
+    _add_lint,
+    _add_profile,
 ]
 
 

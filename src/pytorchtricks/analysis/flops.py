@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display, preserved_state
+from pytorchtricks.core import PttError
 
 __all__ = ["FlopReport", "LayerCost", "count_flops"]
 
@@ -260,7 +261,14 @@ def count_flops(model: nn.Module, example_inputs: Any) -> FlopReport:
     tracker = ModuleTracker(model)
     counter = _Counter(tracker)
     with preserved_state(model), torch.no_grad(), tracker, counter:
-        model(*args)
+        try:
+            model(*args)
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            raise PttError(
+                f"running {type(model).__name__} on inputs of shape {shapes} failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); pass inputs the model accepts (e.g. --input-shape 1,3,224,224)."
+            ) from exc
     paths = dict(model.named_modules())
     layers: dict[str, LayerCost] = {}
     for op in counter.ops:

@@ -1,0 +1,69 @@
+"""`ptt lint` and `ptt profile` end to end on a small model given as path.py:factory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from pytorchtricks.cli import main
+
+MODEL = """
+import torch.nn as nn
+
+
+def net():
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 16),
+    )
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def spec(tmp_path: object) -> str:
+    path = os.path.join(str(tmp_path), "zoo_model.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(MODEL)
+    return f"{path}:net"
+
+
+def test_lint_prints_findings_and_fix(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", spec, "--input-shape", "8,3,16,16"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "PTL001 conv-bias-before-bn" in out
+        and "PTL012 inplace-activation" in out
+        and "1 MAC = 2 FLOPs" in out
+    )
+    assert main(["lint", spec, "--input-shape", "8,3,16,16", "--fix"]) == 0
+    out = capsys.readouterr().out
+    assert "applied: PTL001 remove_conv_bias_before_bn_" in out and "2 before, 0 after" in out
+    assert main(["lint", spec, "--input-shape", "8,3,16,16", "--rules", "ptl001", "--details"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PTL0") == 1 and "at 0:" in out
+
+
+def test_lint_bad_input_exits_2(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", spec, "--input-shape", "8,a"]) == 2
+    assert main(["lint", spec, "--input-shape", "8,5,16,16"]) == 2  # wrong channel count: the forward fails
+    assert "failed" in capsys.readouterr().err
+    assert main(["lint", spec, "--input-shape", "8,3,16,16", "--rules", "PTL999"]) == 2
+    assert "unknown lint rule" in capsys.readouterr().err
+
+
+def test_profile_prints_split_and_verdict(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", spec, "--input-shape", "8,3,16,16", "--steps", "2", "--profile-steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict:" in out and "backward" in out and "top ops" in out
