@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: bench-train setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
+.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -127,6 +127,14 @@ screenshot: setup system-deps
 ROUNDS ?= 3
 bench-train: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/train_step.py --rounds $(ROUNDS) --out results
+
+# Full-size bench cases of the loop tricks (time AND peak memory; flatten_parameters vs foreach/fused peers)
+# -> results/loop/bench-full-cpu.jsonl + .md.
+LOOP_TRICKS := mixed_precision accumulate_gradients checkpoint_activations to_inplace_abn fast_optimizer flatten_parameters
+bench-loop: setup
+	rm -f results/loop/bench-full-cpu.jsonl
+	flock /tmp/ptt-bench.lock $(PTT) bench $(LOOP_TRICKS) --size full --out results/loop
+	$(PTT) report results/loop/bench-full-cpu.jsonl --format md > results/loop/bench-full-cpu.md
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -65,6 +65,8 @@ _EXPORTS: dict[str, str] = {
     "InPlaceABN": "pytorchtricks.tricks.loop.to_inplace_abn",
     "fast_optimizer": "pytorchtricks.tricks.loop.fast_optimizer",
     "scale_lr": "pytorchtricks.tricks.loop.scale_lr",
+    "flatten_parameters_": "pytorchtricks.tricks.loop.flatten_parameters",
+    "flat_parameters": "pytorchtricks.tricks.loop.flatten_parameters",
     "warmup_schedule": "pytorchtricks.tricks.loop.scale_lr",
     # tricks/loop: multi-process training (a module: ptt.distributed.setup())
     "distributed": "pytorchtricks.distributed",
