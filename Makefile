@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help peers-env bench-data bench-tune screenshot
+.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -77,6 +77,14 @@ readme-table: setup
 	$(PY) -m pytorchtricks.report.readme README.md
 
 # ---- targets added by the data, loop, model, analysis and tune work go below this line ----
+
+# 10,000 distinct real-photo JPEGs (wallpaper crops, fixed seed) in data/photos/<class>/ for tests and benchmarks.
+data: setup system-deps
+	$(PY) -m pytorchtricks.shards.photoset data/photos --count 10000
+
+# Pack throughput / storage overhead per format, random reads, decode img/s per backend -> results/.
+bench-pack: setup data
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/pack_and_decode.py --photos data/photos --n 5000 --out results
 
 # Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
 # venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.

@@ -32,7 +32,9 @@ def make_decoder(decode: Decode) -> Callable[[Any], Any] | None:
         from pytorchtricks.shards.jpeg import BACKENDS, decode_image
 
         if decode != "auto" and decode not in BACKENDS:
-            raise PttError(f"decode={decode!r}: use 'auto', a backend ({', '.join(BACKENDS)}), None or a callable.")
+            raise PttError(
+                f"decode={decode!r}: use 'auto', a backend ({', '.join(BACKENDS)}), None or a callable."
+            )
 
         def _decode(payload: Any) -> Any:
             if isinstance(payload, np.ndarray) and payload.ndim == 3:
@@ -83,10 +85,14 @@ class ShardDataset:
         manifest = layout.load_manifest(self.path)
         self.format = manifest["format"]
         if self.format == "tar":
-            raise PttError(f"{self.path} holds tar shards, which are read in order: use ptt.ShardStream(path).")
+            raise PttError(
+                f"{self.path} holds tar shards, which are read in order: use ptt.ShardStream(path)."
+            )
         self.classes: list[str] = list(manifest["classes"])
         self._count = int(manifest["count"])
-        self._shard_names = tuple(s["name"] for s in manifest["shards"])  # one entry per shard, not per sample
+        self._shard_names = tuple(
+            s["name"] for s in manifest["shards"]
+        )  # one entry per shard, not per sample
         self._decode = make_decoder(decode)
         self.transform = transform
         self.on_error = check_on_error(on_error)
@@ -97,13 +103,14 @@ class ShardDataset:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._index: np.ndarray | None = None
+        self._cols: tuple[np.ndarray, ...] = ()
         self._maps: dict[int, Any] = {}
         self._env: Any = None
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen files lazily; never pickle maps or the memmap
         state = dict(self.__dict__)
-        for k in ("_index", "_maps", "_env"):
-            state[k] = None if k != "_maps" else {}
+        for k in ("_index", "_maps", "_env", "_cols"):
+            state[k] = {} if k == "_maps" else None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -118,6 +125,8 @@ class ShardDataset:
             self._reset()
         if self._index is None:
             self._index = layout.load_index(self.path, self._count)
+            # plain ndarray views of the memmapped columns: element access is ~50x cheaper than a memmap row
+            self._cols = tuple(self._index[f].view(np.ndarray) for f in ("shard", "offset", "length", "crc"))
         return self._index
 
     def read_raw(self, i: int) -> tuple[Any, int, dict[str, Any]]:
@@ -126,16 +135,17 @@ class ShardDataset:
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for {n} samples")
         i = int(i) % n
-        row = self._rows()[i]
-        crc = int(row["crc"]) if self.verify_crc else None
+        self._rows()
+        c_shard, c_offset, c_length, c_crc = self._cols
+        crc = int(c_crc[i]) if self.verify_crc else None
         if self.format == "ptt":
-            sid = int(row["shard"])
+            sid = int(c_shard[i])
             mm = self._maps.get(sid)
             if mm is None:
                 from pytorchtricks.shards.ptt_format import MappedShard
 
                 mm = self._maps[sid] = MappedShard(os.path.join(self.path, self._shard_names[sid]))
-            rec = mm.slice(int(row["offset"]), int(row["length"]), i)
+            rec = mm.slice(int(c_offset[i]), int(c_length[i]), i)
             where = mm.path
         else:
             from pytorchtricks.shards.lmdb_format import lmdb_get, open_env
@@ -146,7 +156,9 @@ class ShardDataset:
             val = lmdb_get(self._env, i, where)
             stored = int.from_bytes(val[:4], "little")
             if crc is not None and stored != crc:
-                raise ShardError("record CRC differs from the index: index and LMDB do not match", path=where, record=i)
+                raise ShardError(
+                    "record CRC differs from the index: index and LMDB do not match", path=where, record=i
+                )
             rec = val[4:]
         payload, label, extras = decode_record(rec, path=where, index=i, crc=crc)
         if isinstance(payload, np.ndarray):

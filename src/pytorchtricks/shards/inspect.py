@@ -26,7 +26,11 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
     m = manifest or layout.load_manifest(dst)
     problems: list[str] = []
     for s in m["shards"]:
-        path = os.path.join(dst, s["name"], "data.mdb") if m["format"] == "lmdb" else os.path.join(dst, s["name"])
+        path = (
+            os.path.join(dst, s["name"], "data.mdb")
+            if m["format"] == "lmdb"
+            else os.path.join(dst, s["name"])
+        )
         if not os.path.exists(path):
             problems.append(f"{path}: missing")
         elif _sha256(path) != s["sha256"]:
@@ -67,7 +71,9 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
     return problems
 
 
-def inspect_shards(path: str | os.PathLike[str], *, verify: bool = True, decode: bool = False) -> dict[str, Any]:
+def inspect_shards(
+    path: str | os.PathLike[str], *, verify: bool = True, decode: bool = False
+) -> dict[str, Any]:
     """Summary of a pack: format, counts, class histogram, bytes, overhead, rejects, and integrity problems.
 
     Example:

@@ -20,7 +20,9 @@ MANIFEST = "manifest.json"
 INDEX = "index.npy"
 JOURNAL = ".pack-journal.json"
 LMDB_DIR = "data.lmdb"
-INDEX_DTYPE = np.dtype([("shard", "<u4"), ("offset", "<u8"), ("length", "<u8"), ("label", "<i8"), ("crc", "<u4")])
+INDEX_DTYPE = np.dtype(
+    [("shard", "<u4"), ("offset", "<u8"), ("length", "<u8"), ("label", "<i8"), ("crc", "<u4")]
+)
 
 
 def shard_name(fmt: str, n: int) -> str:
@@ -34,14 +36,14 @@ def brace_pattern(n: int) -> str:
         >>> brace_pattern(3)
         'shard-{000000..000002}.tar'
     """
-    return "shard-{000000..%06d}.tar" % (n - 1)
+    return "shard-{000000.." + f"{n - 1:06d}" + "}.tar"
 
 
 def is_pack_file(name: str) -> bool:
     return (
         name in (MANIFEST, INDEX, JOURNAL, LMDB_DIR, LMDB_DIR + ".tmp")
         or (name.startswith("shard-") and (".ptt" in name or ".tar" in name))
-        or (name.startswith(MANIFEST) or name.startswith(INDEX)) and ".tmp" in name
+        or (name.startswith((MANIFEST, INDEX, JOURNAL)) and ".tmp" in name)
     )
 
 
@@ -64,7 +66,8 @@ def load_manifest(dst: str) -> dict[str, Any]:
             m = json.load(fh)
     except FileNotFoundError as exc:
         raise ShardError(
-            "no manifest.json: not a pack, or packing did not finish (re-run `ptt pack` to complete it)", path=path
+            "no manifest.json: not a pack, or packing did not finish (re-run `ptt pack` to complete it)",
+            path=path,
         ) from exc
     except (OSError, ValueError) as exc:
         raise ShardError(f"unreadable manifest: {exc}", path=path) from exc

@@ -69,7 +69,9 @@ class LmdbWriter:
             for j, rec in enumerate(records):
                 txn.put(sample_key(first + j), _U32.pack(crc32(rec)) + rec)
             # the journal entry itself is completed by the caller; store what resuming needs
-            txn.put(PROGRESS_KEY, json.dumps({"digest": self.digest, "chunks": chunks}, sort_keys=True).encode())
+            txn.put(
+                PROGRESS_KEY, json.dumps({"digest": self.digest, "chunks": chunks}, sort_keys=True).encode()
+            )
         self.chunks = chunks
 
     def finalize(self, count: int, classes: list[str]) -> dict[str, Any]:
@@ -89,7 +91,12 @@ class LmdbWriter:
         with open(data, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-        return {"name": layout.LMDB_DIR, "count": count, "bytes": os.path.getsize(data), "sha256": h.hexdigest()}
+        return {
+            "name": layout.LMDB_DIR,
+            "count": count,
+            "bytes": os.path.getsize(data),
+            "sha256": h.hexdigest(),
+        }
 
 
 def lmdb_index(path: str, count: int) -> np.ndarray:

@@ -107,17 +107,23 @@ def _job(args: tuple[str, str, str, int, list[int]]) -> list[tuple[int, str]]:
 
 
 def build_photo_set(
-    dst: str | os.PathLike[str], count: int = 10_000, *, seed: int = 0, workers: int | None = None
+    dst: str | os.PathLike[str],
+    count: int = 10_000,
+    *,
+    seed: int = 0,
+    workers: int | None = None,
+    max_sources: int | None = None,
 ) -> dict[str, Any]:
     """Write ``count`` distinct JPEGs to ``dst/<class>/<index>.jpg``; returns the summary also saved in ``dst``.
 
     Skips the work when ``dst`` already holds a complete set with the same count, seed and version.
+    ``max_sources`` uses only that many wallpapers (spread over the classes): a quick small set for tests.
 
     Raises:
         PttError: no wallpaper packages installed (``make system-deps``), or two outputs came out identical.
     """
     dst = os.fspath(dst)
-    want = {"version": VERSION, "count": int(count), "seed": int(seed)}
+    want = {"version": VERSION, "count": int(count), "seed": int(seed), "max_sources": max_sources}
     marker = os.path.join(dst, MARKER)
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as fh:
@@ -130,6 +136,12 @@ def build_photo_set(
             "no wallpaper photos found; install the Debian packages with `make system-deps` "
             "(lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers)."
         )
+    if max_sources is not None:  # round robin over the classes, so every class keeps some photos
+        by_class: dict[str, list[tuple[str, str]]] = {}
+        for c, p in sources:
+            by_class.setdefault(c, []).append((c, p))
+        rr = [g[k] for k in range(len(sources)) for g in by_class.values() if k < len(g)]
+        sources = sorted(rr[: max(1, max_sources)])
     for cls in sorted({c for c, _ in sources}):
         os.makedirs(os.path.join(dst, cls), exist_ok=True)
     jobs = []
@@ -151,8 +163,10 @@ def build_photo_set(
     summary = {
         **want,
         "classes": sorted({c for c, _ in sources}),
-        "sources": [os.path.basename(os.path.dirname(os.path.dirname(p))) if c == "plasma" else os.path.basename(p)
-                    for c, p in sources],
+        "sources": [
+            os.path.basename(os.path.dirname(os.path.dirname(p))) if c == "plasma" else os.path.basename(p)
+            for c, p in sources
+        ],
         "digest": hashlib.sha256("".join(digests[i] for i in sorted(digests)).encode()).hexdigest(),
     }
     _write_atomic(marker, json.dumps(summary, indent=1, sort_keys=True).encode())
@@ -171,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PttError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{s['count']} photos from {len(s['sources'])} wallpapers in {args.dst} (digest {s['digest'][:16]})")
+    print(
+        f"{s['count']} photos from {len(s['sources'])} wallpapers in {args.dst} (digest {s['digest'][:16]})"
+    )
     return 0
 
 

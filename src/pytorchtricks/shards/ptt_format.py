@@ -69,7 +69,9 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
                 raise ShardError("not a .ptt shard (bad magic) or truncated", path=path)
             _, hlen = _HDR.unpack(fixed)
             if hlen > MAX_HEADER_BYTES or _HDR.size + hlen > size:
-                raise ShardError(f"header length {hlen} exceeds the file ({size} bytes): truncated", path=path)
+                raise ShardError(
+                    f"header length {hlen} exceeds the file ({size} bytes): truncated", path=path
+                )
             header = json.loads(fh.read(hlen))
             if not isinstance(header, dict):
                 raise ShardError("header is not a JSON object", path=path)
@@ -79,7 +81,9 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
             fh.seek(_HDR.size + hlen + _pad8(_HDR.size + hlen))
             table_bytes = 8 * (n + 1) + 12 * n
             if fh.tell() + table_bytes > size:
-                raise ShardError(f"table of {n} records exceeds the file ({size} bytes): truncated", path=path)
+                raise ShardError(
+                    f"table of {n} records exceeds the file ({size} bytes): truncated", path=path
+                )
             raw = fh.read(table_bytes)
     except FileNotFoundError as exc:
         raise ShardError("shard file is missing", path=path) from exc
@@ -88,7 +92,11 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
     offsets = np.frombuffer(raw, dtype="<u8", count=n + 1)
     crcs = np.frombuffer(raw, dtype="<u4", count=n, offset=8 * (n + 1))
     labels = np.frombuffer(raw, dtype="<i8", count=n, offset=8 * (n + 1) + 4 * n)
-    if n and (np.any(np.diff(offsets.astype(np.int64)) < 0) or int(offsets[0]) < table_bytes or int(offsets[-1]) != size):
+    if n and (
+        np.any(np.diff(offsets.astype(np.int64)) < 0)
+        or int(offsets[0]) < table_bytes
+        or int(offsets[-1]) != size
+    ):
         raise ShardError(f"offset table does not match the file size {size}: truncated or corrupt", path=path)
     return header, offsets, crcs, labels
 

@@ -134,7 +134,7 @@ def _strict_backend() -> str:
 
 def process_item(job: tuple[int, str, dict[str, Any]]) -> tuple[int, str, Any, Any, int]:
     """``(i, kind, payload, shape_or_reason, bytes_in)``; kind ``"reject"`` carries the reason in slot 4."""
-    from pytorchtricks.shards.jpeg import decode_image, image_size
+    from pytorchtricks.shards.jpeg import _resize, decode_image, image_size
 
     i, path, opts = job
     try:
@@ -149,7 +149,9 @@ def process_item(job: tuple[int, str, dict[str, Any]]) -> tuple[int, str, Any, A
         backend = _strict_backend() if kind == "jpeg" else "pil"
         h, w = image_size(data)
         target = _target_hw(h, w, opts.get("resize"), opts.get("max_side"))
-        arr = decode_image(data, size=target, backend=backend)  # also the integrity check
+        arr = decode_image(data, backend=backend)  # full decode: also the integrity check
+        if target is not None:
+            arr = _resize(arr, target, area=True)
         if opts.get("raw"):
             if opts.get("format") == "tar":
                 buf = io.BytesIO()

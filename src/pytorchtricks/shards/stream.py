@@ -122,7 +122,9 @@ class ShardStream(torch.utils.data.IterableDataset):
                 raise PttError(f"no tar shards match {path!r}.")
             self.root, self.format = "", "tar"
             self._files = [os.fspath(f) for f in files]
-            self._counts = np.asarray([sum(1 for _ in iter_tar_groups(f)) for f in self._files], dtype=np.int64)
+            self._counts = np.asarray(
+                [sum(1 for _ in iter_tar_groups(f)) for f in self._files], dtype=np.int64
+            )
         else:
             self.root = os.fspath(path)
             m = layout.load_manifest(self.root)
@@ -167,7 +169,11 @@ class ShardStream(torch.utils.data.IterableDataset):
 
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """``{"epoch", "seed", "consumed"}``. With DataLoader workers, pass the samples your loop has taken."""
-        return {"epoch": self.epoch, "seed": self.seed, "consumed": int(self._consumed if consumed is None else consumed)}
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "consumed": int(self._consumed if consumed is None else consumed),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume: the next iteration of ``state["epoch"]`` skips its first ``consumed`` samples (not read)."""
@@ -184,7 +190,11 @@ class ShardStream(torch.utils.data.IterableDataset):
         if self.shuffle:
             shards = np.random.default_rng([self.seed, self.epoch]).permutation(shards)
         sid = np.repeat(shards, self._counts[shards])
-        local = np.concatenate([np.arange(c) for c in self._counts[shards]]) if len(shards) else np.zeros(0, np.int64)
+        local = (
+            np.concatenate([np.arange(c) for c in self._counts[shards]])
+            if len(shards)
+            else np.zeros(0, np.int64)
+        )
         n = len(sid)
         lo, hi = rank * n // world, (rank + 1) * n // world
         return sid[lo:hi], local[lo:hi]
@@ -194,7 +204,9 @@ class ShardStream(torch.utils.data.IterableDataset):
         sid, local = self._rank_sequence()
         if self.shuffle:
             rank, _ = self.rank_world()
-            order = buffer_shuffle_order(len(sid), self.buffer_size, np.random.default_rng([self.seed, self.epoch, rank]))
+            order = buffer_shuffle_order(
+                len(sid), self.buffer_size, np.random.default_rng([self.seed, self.epoch, rank])
+            )
         else:
             order = np.arange(len(sid))
         return sid, local, order
@@ -207,9 +219,11 @@ class ShardStream(torch.utils.data.IterableDataset):
         skip = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
         sid, local, order = self.rank_order()
         pos = np.arange(skip, len(order))
-        mine = pos[(pos // self.batch_size) % nw == wid]
+        mine = pos[((pos - skip) // self.batch_size) % nw == wid]  # blocks count from the resume point
         wanted = order[mine]  # positions in the rank sequence, in yield order
-        source = self._read_ptt(sid, local, wanted) if self.format == "ptt" else self._read_tar(sid, local, wanted)
+        source = (
+            self._read_ptt(sid, local, wanted) if self.format == "ptt" else self._read_tar(sid, local, wanted)
+        )
         self._consumed = skip
         for item in source:
             if item is None:
@@ -228,7 +242,7 @@ class ShardStream(torch.utils.data.IterableDataset):
             payload = self.transform(payload)
         return payload, label, extras
 
-    def _bad(self, exc: ShardError) -> None:
+    def _bad(self, exc: ShardError) -> Any:  # None: the caller drops the sample
         if self.on_error == "raise":
             raise exc
         warnings.warn(f"skipped a bad sample: {exc}", stacklevel=3)
@@ -265,7 +279,10 @@ class ShardStream(torch.utils.data.IterableDataset):
                 try:
                     got_q, sample = next(reader)
                 except StopIteration:
-                    sample, got_q = ShardError("sample missing: shard ended early", path=self._files[int(sid[q])]), q
+                    sample, got_q = (
+                        ShardError("sample missing: shard ended early", path=self._files[int(sid[q])]),
+                        q,
+                    )
                 pending[got_q] = sample
             sample = pending.pop(q)
             if isinstance(sample, ShardError):
@@ -298,7 +315,9 @@ class ShardStream(torch.utils.data.IterableDataset):
                         except ShardError as exc:
                             yield p, exc
                     q = p + 1
-                err = ShardError(f"shard ends after {q - start + lo} samples: fewer than the manifest says", path=path)
+                err = ShardError(
+                    f"shard ends after {q - start + lo} samples: fewer than the manifest says", path=path
+                )
             except ShardError as exc:
                 err = exc
             for p in range(q, stop):  # the rest of this shard cannot be read

@@ -33,7 +33,9 @@ def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
     return info, io.BytesIO(data)
 
 
-def tar_sample_members(key: str, payload: bytes, kind: str, label: int, extras: dict[str, Any]) -> list[tuple[str, bytes]]:
+def tar_sample_members(
+    key: str, payload: bytes, kind: str, label: int, extras: dict[str, Any]
+) -> list[tuple[str, bytes]]:
     """Members of one sample. ``payload`` of kind ``raw`` is already ``.npy`` bytes."""
     ext = "npy" if kind == "raw" else EXT_OF_KIND.get(kind, kind)
     out = [(f"{key}.{ext}", payload), (f"{key}.cls", str(int(label)).encode())]
@@ -94,11 +96,15 @@ def iter_tar_groups(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield key, group
 
 
-def tar_sample(key: str, group: dict[str, bytes], *, path: str, index: int) -> tuple[Any, int, dict[str, Any]]:
+def tar_sample(
+    key: str, group: dict[str, bytes], *, path: str, index: int
+) -> tuple[Any, int, dict[str, Any]]:
     """``(payload, label, extras)`` of one tar sample; ``extras`` holds ``__key__`` and any ``.json`` fields."""
     ext = next((e for e in DATA_EXTS if e in group), None)
     if ext is None:
-        raise ShardError(f"sample {key!r} has no image member (one of {', '.join(DATA_EXTS)})", path=path, record=index)
+        raise ShardError(
+            f"sample {key!r} has no image member (one of {', '.join(DATA_EXTS)})", path=path, record=index
+        )
     payload: Any = group[ext]
     try:
         if ext == "npy":

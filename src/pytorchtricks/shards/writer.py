@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import NoEffectWarning, PttError
 from pytorchtricks.shards import layout
 from pytorchtricks.shards.lmdb_format import LmdbWriter
 from pytorchtricks.shards.ptt_format import write_ptt_shard
@@ -28,7 +28,16 @@ from pytorchtricks.shards.sources import Source, list_source, process_item
 from pytorchtricks.shards.tar_format import tar_sample_members, write_tar_shard
 
 FORMATS = ("ptt", "tar", "lmdb")
-_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+}
 
 
 def parse_bytes(text: str | int) -> int:
@@ -43,9 +52,10 @@ def parse_bytes(text: str | int) -> int:
     t = text.strip().upper().replace(" ", "")
     num = t.rstrip("KMGIB")
     unit = t[len(num) :]
-    if not num or unit not in _UNITS:
-        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB or 1GB.")
-    return int(float(num) * _UNITS[unit])
+    try:
+        return int(float(num) * _UNITS[unit])
+    except (KeyError, ValueError) as exc:
+        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB or 1GB.") from exc
 
 
 def _sha256(path: str) -> str:
@@ -155,15 +165,32 @@ def pack(
     opts = {"format": format, "resize": resize, "max_side": max_side, "quality": quality, "raw": bool(raw)}
     options = {**opts, "shard_size": limit, "shuffle": bool(shuffle), "seed": int(seed)}
     digest = hashlib.sha256(
-        json.dumps({"options": options, "rel": source.rel, "labels": source.labels, "extras": source.extras,
-                    "classes": source.classes}, sort_keys=True, default=str).encode()
+        json.dumps(
+            {
+                "options": options,
+                "rel": source.rel,
+                "labels": source.labels,
+                "extras": source.extras,
+                "classes": source.classes,
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
     ).hexdigest()
     done = layout.read_manifest_if_complete(dst)
     if done is not None and done.get("digest") == digest:
+        warnings.warn(
+            f"{dst} already holds this pack (same input and options): nothing to do.",
+            NoEffectWarning,
+            stacklevel=2,
+        )
         return done
     if done is not None:
         raise PttError(f"{dst!r} already holds a different pack; choose another DST or delete it.")
     os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(dst):  # half-written temp files of a killed run
+        if ".tmp" in name and name != layout.LMDB_DIR + ".tmp" and layout.is_pack_file(name):
+            os.remove(os.path.join(dst, name))
     journal = _Journal(dst, digest)
     journal.load(format, dst)
     lmdb_writer = LmdbWriter(dst, digest) if format == "lmdb" else None
@@ -174,7 +201,9 @@ def pack(
     start = journal.shards[-1]["src_end"] if journal.shards else 0
     jobs = [(int(order[k]), source.paths[int(order[k])], opts) for k in range(start, len(order))]
     with _progress(progress, len(order), start) as bar:
-        for k, res in zip(range(start, len(order)), _results(jobs, workers if workers is not None else os.cpu_count() or 1)):
+        for k, res in zip(
+            range(start, len(order)), _results(jobs, workers if workers is not None else os.cpu_count() or 1)
+        ):
             run.add(k, res)
             bar(res[4])
         run.close(len(order))
@@ -185,9 +214,18 @@ def pack(
 class _Run:
     """The shard being filled, and the closed ones (in the journal)."""
 
-    def __init__(self, source: Source, dst: str, fmt: str, limit: int, journal: _Journal, lmdb: Any, strict: bool):
+    def __init__(
+        self, source: Source, dst: str, fmt: str, limit: int, journal: _Journal, lmdb: Any, strict: bool
+    ):
         self.source, self.dst, self.fmt, self.limit, self.journal, self.lmdb, self.strict = (
-            source, dst, fmt, limit, journal, lmdb, strict)
+            source,
+            dst,
+            fmt,
+            limit,
+            journal,
+            lmdb,
+            strict,
+        )
         self.items: list[tuple[bytes, int, list[tuple[str, bytes]] | None]] = []
         self.bytes = 0
         self.rejects: list[dict[str, str]] = []
@@ -201,7 +239,9 @@ class _Run:
         self.bytes_in += nbytes
         if kind == "reject":
             if self.strict:
-                raise PttError(f"{self.source.rel[i]}: {info} (drop --strict to skip bad files and list them)")
+                raise PttError(
+                    f"{self.source.rel[i]}: {info} (drop --strict to skip bad files and list them)"
+                )
             self.rejects.append({"path": self.source.rel[i], "reason": str(info)})
             return
         label, extras = self.source.labels[i], self.source.extras[i]
@@ -229,7 +269,9 @@ class _Run:
             "rejects": self.rejects,
             "payload_bytes": self.payload_bytes,
             "bytes_in": self.bytes_in,
-            "class_counts": np.bincount(labels, minlength=len(self.source.classes)).tolist() if labels else [],
+            "class_counts": np.bincount(labels, minlength=len(self.source.classes)).tolist()
+            if labels
+            else [],
         }
         if self.fmt == "lmdb":
             entry["name"] = layout.LMDB_DIR
@@ -257,12 +299,13 @@ class _Run:
             self._flush(src_end)
 
 
-class _progress:  # noqa: N801 - a context manager that reads like a function
+class _progress:
     def __init__(self, show: bool, total: int, done: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self._p = Progress(TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                           disable=not show)
+        self._p = Progress(
+            TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not show
+        )
         self._task = self._p.add_task("pack", total=total, completed=done)
 
     def __enter__(self) -> _progress:
@@ -279,8 +322,17 @@ class _progress:  # noqa: N801 - a context manager that reads like a function
         return float(self._p.tasks[0].elapsed or 0.0)
 
 
-def _finish(run: _Run, dst: str, fmt: str, source: Source, options: dict[str, Any], digest: str,
-            elapsed_s: float, start: int, verify: bool) -> dict[str, Any]:
+def _finish(
+    run: _Run,
+    dst: str,
+    fmt: str,
+    source: Source,
+    options: dict[str, Any],
+    digest: str,
+    elapsed_s: float,
+    start: int,
+    verify: bool,
+) -> dict[str, Any]:
     shards = run.journal.shards
     count = sum(s["count"] for s in shards)
     class_counts = np.zeros(len(source.classes), dtype=np.int64)
@@ -290,8 +342,11 @@ def _finish(run: _Run, dst: str, fmt: str, source: Source, options: dict[str, An
     if fmt == "lmdb":
         files = [run.lmdb.finalize(count, source.classes)]
     else:
-        files = [{"name": s["name"], "count": s["count"], "bytes": s["bytes"], "sha256": s["sha256"]}
-                 for s in shards if s["count"] > 0]
+        files = [
+            {"name": s["name"], "count": s["count"], "bytes": s["bytes"], "sha256": s["sha256"]}
+            for s in shards
+            if s["count"] > 0
+        ]
     manifest: dict[str, Any] = {
         "format": fmt,
         "version": layout.VERSION,
@@ -321,17 +376,10 @@ def _finish(run: _Run, dst: str, fmt: str, source: Source, options: dict[str, An
     except FileNotFoundError:
         pass
     done_now = len(source.paths) - start
-    return {**manifest, "elapsed_s": elapsed_s, "files_done": done_now,
-            "images_per_s": done_now / elapsed_s if elapsed_s > 0 else None,
-            "skipped_shards": sum(1 for s in shards if s["src_end"] <= start)}
-
-
-def remove_pack(dst: str) -> None:
-    """Delete what ``pack`` wrote in ``dst`` (shards, index, manifest, journal, LMDB folder); nothing else."""
-    for name in os.listdir(dst):
-        p = os.path.join(dst, name)
-        if layout.is_pack_file(name):
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            else:
-                os.remove(p)
+    return {
+        **manifest,
+        "elapsed_s": elapsed_s,
+        "files_done": done_now,
+        "images_per_s": done_now / elapsed_s if elapsed_s > 0 else None,
+        "skipped_shards": sum(1 for s in shards if s["src_end"] <= start),
+    }

@@ -13,6 +13,7 @@ See also: pack, make_loader, 预处理提速 / 解码加速.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +33,13 @@ def _sample_jpegs(n: int, side: int) -> list[bytes]:
 
     src = wallpaper_sources()
     rng = np.random.default_rng(0)
+    img: Any
     if src:
         img = Image.open(src[0][1])
         img.draft("RGB", (side * 2, side * 2))
         img = img.convert("RGB")
     else:  # smooth gradients + noise compress like a photo more than flat colour does
-        y, x = np.mgrid[0:side * 2, 0:side * 2]
+        y, x = np.mgrid[0 : side * 2, 0 : side * 2]
         arr = np.stack([x % 256, y % 256, (x + y) % 256], -1) + rng.integers(0, 24, (side * 2, side * 2, 3))
         img = Image.fromarray(arr.clip(0, 255).astype(np.uint8))
     out = []

@@ -28,7 +28,7 @@ def _loose_files(root: str, n: int) -> str:
     """An ImageFolder of ``n`` real-photo JPEGs (wallpaper crops), built deterministically."""
     from pytorchtricks.shards.photoset import build_photo_set
 
-    build_photo_set(root, n, seed=0, workers=1)
+    build_photo_set(root, n, seed=0, workers=1, max_sources=6)
     return root
 
 

@@ -1,0 +1,60 @@
+"""Small real-photo sets for the shard tests, built once per session from the Debian wallpaper photos."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytorchtricks.shards.photoset import build_photo_set, wallpaper_sources
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """48 distinct JPEGs (3 classes) cropped from the installed wallpapers."""
+    if not wallpaper_sources():
+        pytest.skip("Debian wallpaper packages not installed (make system-deps)")
+    root = tmp_path_factory.mktemp("photos")
+    build_photo_set(root, 48, seed=0, workers=1, max_sources=6)
+    return root
+
+
+@pytest.fixture(scope="session")
+def photo_bytes(photos: Path) -> dict[bytes, int]:
+    """Each photo's bytes -> its label (class index in sorted order)."""
+    classes = sorted(p.name for p in photos.iterdir() if p.is_dir())
+    out = {}
+    for label, cls in enumerate(classes):
+        for f in sorted((photos / cls).iterdir()):
+            out[f.read_bytes()] = label
+    return out
+
+
+@pytest.fixture(scope="session")
+def packs(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The photos packed once per format, in small shards (about 6 per pack)."""
+    from pytorchtricks.shards.writer import pack
+
+    base = tmp_path_factory.mktemp("packs")
+    out = {}
+    for fmt in ("ptt", "tar", "lmdb"):
+        pack(photos, base / fmt, format=fmt, shard_size="600KB", workers=0)
+        out[fmt] = base / fmt
+    return out
+
+
+@pytest.fixture
+def pack_copy(packs: dict[str, Path], tmp_path: Path):
+    """A writable copy of a session pack, for corruption tests."""
+
+    def make(fmt: str) -> Path:
+        dst = tmp_path / fmt
+        shutil.copytree(packs[fmt], dst)
+        for p in dst.rglob("*"):
+            if p.is_file():
+                os.chmod(p, 0o644)
+        return dst
+
+    return make
