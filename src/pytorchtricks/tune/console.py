@@ -68,7 +68,7 @@ def receipt_table(res: TuneResult) -> Any:
         m = c.measured
         table.add_row(
             c.name,
-            f"[{style.get(c.status, '')}]{c.status}[/]",
+            f"[{style[c.status]}]{c.status}[/]" if c.status in style else c.status,
             speedup_text(m),
             f"{m.items_per_s:.1f}" if m else "-",
             ("ok" if c.check.passed else "FAILED") if c.check else "-",

@@ -452,6 +452,9 @@ def run_tune(
                 _phase_verify(w, res, combo, singles, dl, prog)
     except KeyboardInterrupt:
         res.interrupted = True
+        for c in res.candidates:
+            if c.status == "measuring":
+                c.status, c.reason = "skipped", "interrupted (Ctrl-C) before it was measured"
         res.notes.append("interrupted (Ctrl-C): the receipt holds what was measured before that")
     finally:
         prog.done()
