@@ -1,0 +1,50 @@
+"""export_onnx: ONNX Runtime equals PyTorch; dynamic batch; ORT static int8 keeps SQNR; misuse errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.analysis.safety import reference_outputs, sqnr_db
+from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
+from pytorchtricks.core import MissingExtraError, PttError
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+
+def test_export_matches_pytorch_and_dynamic_batch(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    path = str(tmp_path / "m.onnx")
+    report = ptt.export_onnx(model, x, path, dynamic_batch=True)
+    assert report.ok and report.max_abs_diff < 1e-4 and os.path.getsize(path) > 0
+    x5 = torch.randn(5, 3, 16, 16)
+    torch.testing.assert_close(ptt.OnnxRunner(path)(x5), model(x5).detach(), atol=1e-4, rtol=1e-4)
+
+
+def test_ort_static_int8_keeps_sqnr(tmp_path) -> None:
+    from pytorchtricks.tricks.model.export_onnx import quantize_onnx_static
+
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(8, 3, 16, 16)
+    fp32, int8 = str(tmp_path / "m.onnx"), str(tmp_path / "m8.onnx")
+    ptt.export_onnx(model, x, fp32)
+    quantize_onnx_static(fp32, int8, [torch.randn(8, 3, 16, 16) for _ in range(4)])
+    out = ptt.OnnxRunner(int8)(x)
+    assert sqnr_db(reference_outputs(model, x)[0], out) > 15
+
+
+def test_misuse(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(PttError, match="eval"):
+        ptt.export_onnx(nn.Linear(2, 2).train(), torch.randn(1, 2), str(tmp_path / "a.onnx"))
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    with pytest.raises(MissingExtraError, match=r"pytorchtricks\[infer\]"):
+        ptt.export_onnx(nn.Linear(2, 2).eval(), torch.randn(1, 2), str(tmp_path / "b.onnx"))

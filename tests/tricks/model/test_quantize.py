@@ -1,0 +1,121 @@
+"""quantize_: int8 accuracy on real data, the input-mutation trap, dynamic/bf16/QAT/FX paths, misuse errors."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.analysis.safety import SafetyError
+from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
+from pytorchtricks.core import MissingExtraError, PttError
+
+pytest.importorskip("torchao")
+
+
+@pytest.mark.slow
+def test_int8_ptq_fashion_mnist_drop_within_half_point(fmnist) -> None:
+    from pytorchtricks.bench.fashion_mnist import evaluate
+
+    calib = [fmnist.train_x[i : i + 128] for i in range(0, 1024, 128)]
+    q = ptt.quantize_(copy.deepcopy(fmnist.model), fmnist.test_x[:64], calibration=calib)
+    assert q.backend == "pt2e" and q.ptt_safety_report.ok
+    acc = evaluate(q, fmnist.test_x, fmnist.test_y, batch_size=500)
+    assert fmnist.fp32_acc - acc <= 0.5, (fmnist.fp32_acc, acc)
+
+
+class AddLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)
+
+
+@pytest.mark.slow
+def test_input_mutation_trap_is_caught_then_fixed_by_clone_inputs() -> None:
+    torch.manual_seed(0)
+    model = AddLinear().eval()
+    x = torch.randn(8, 32)
+    keep = x.clone()
+    try:
+        ptt.quantize_(copy.deepcopy(model), x)
+    except SafetyError as err:  # torch 2.14 + torchao 0.18: the oneDNN in-place sum writes into x
+        assert "input" in str(err)
+    assert torch.equal(x, keep)  # the check restores the caller's tensor either way
+    q = ptt.quantize_(copy.deepcopy(model), x, clone_inputs=True)
+    for _ in range(2):
+        q(x)
+    assert torch.equal(x, keep) and q.ptt_safety_report.inputs_unchanged
+
+
+def test_fx_backend_and_uncompiled_pt2e_agree_with_fp32() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    for backend in ("fx", "pt2e"):
+        q = ptt.quantize_(copy.deepcopy(model), x, backend=backend, compile=False)
+        assert q.backend == backend and q.ptt_safety_report.sqnr_db > 20
+
+
+def test_dynamic_int8_lstm_and_linear() -> None:
+    torch.manual_seed(0)
+
+    class Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(16, 32, batch_first=True)
+            self.head = nn.Linear(32, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lstm(x)[0][:, -1])
+
+    q = ptt.quantize_(Seq().eval(), torch.randn(4, 7, 16), "int8_dynamic")
+    assert "Quantized" in type(q.inner.head).__name__ or "quantized" in type(q.inner.head).__module__
+    assert q.ptt_safety_report.sqnr_db > 20
+
+
+def test_bf16_weights() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    q = ptt.quantize_(model, x, "bf16", compile=False)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    out = q(x)
+    assert out.dtype == torch.float32 and q.ptt_safety_report.sqnr_db > 25
+
+
+@pytest.mark.slow
+def test_qat_prepare_train_convert() -> None:
+    torch.manual_seed(0)  # an MLP: PT2E's conv-BN QAT pattern matching alone takes ~1 min on 2 cores
+    model = nn.Sequential(nn.Flatten(), nn.Linear(144, 32), nn.ReLU(), nn.Linear(32, 10))
+    x = torch.randn(16, 1, 12, 12)
+    y = torch.randint(0, 10, (16,))
+    prepared = ptt.quantize_(model, x, "qat")
+    opt = torch.optim.SGD(prepared.parameters(), lr=0.01)
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(prepared(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    q = ptt.quantize_(prepared, x, "qat_convert", compile=False)
+    assert q.ptt_safety_report.ok and q(x).shape == (16, 10)
+
+
+def test_misuse_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small_cnn(in_channels=3, width=8)
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(PttError, match="unknown quantization config"):
+        ptt.quantize_(model.eval(), x, "int4")
+    with pytest.raises(PttError, match="eval"):
+        ptt.quantize_(model.train(), x)
+    with pytest.raises(PttError, match="calibration is empty"):
+        ptt.quantize_(model.eval(), x, calibration=[], compile=False)
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantize_pt2e", None)
+    with pytest.raises(MissingExtraError, match=r"pytorchtricks\[infer\]"):
+        ptt.quantize_(model.eval(), x, backend="pt2e", compile=False)
