@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,16 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import pytorchtricks as ptt
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
 
 F32 = 4
 

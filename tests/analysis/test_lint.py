@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -15,6 +15,16 @@ import pytorchtricks as ptt
 from pytorchtricks.analysis.lint_rules import RULES
 from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import PttError
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
 
 X = torch.randn(8, 8, 8, 8)  # batch 8, 8 channels, 8x8: the clean shape
 

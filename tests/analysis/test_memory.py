@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -13,6 +13,16 @@ import pytorchtricks as ptt
 from pytorchtricks.analysis.memory import measure_step_peak
 from pytorchtricks.bench.workloads import load_model, small_cnn
 from pytorchtricks.core import PttError
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
 
 F32 = 4
 

@@ -152,13 +152,18 @@ def measure_findings(
             continue
         x = torch.randn(shape)
         c1, c2, g = layer.in_channels, layer.out_channels, layer.groups
+        geometry: dict[str, Any] = {
+            "kernel_size": layer.kernel_size,
+            "stride": layer.stride,
+            "padding": layer.padding,
+        }
         if f.id == "PTL004":
             c = max(1, round(math.sqrt(c1 * c2)))
             alt, alt_x, label = _conv1x1(c, c), torch.randn(shape[0], c, *shape[2:]), f"{c}->{c} conv"
         else:
-            alt = nn.Conv2d(c1, max(1, c2 // g), layer.kernel_size, layer.stride, layer.padding, bias=False)
+            alt = nn.Conv2d(c1, max(1, c2 // g), bias=False, **geometry)
             alt_x, label = x, f"dense {c1}->{max(1, c2 // g)} conv"
-        same = nn.Conv2d(c1, c2, layer.kernel_size, layer.stride, layer.padding, groups=g, bias=False)
+        same = nn.Conv2d(c1, c2, groups=g, bias=False, **geometry)
         res = compare(
             {"baseline": Variant("alt", alt, alt_x).fn(), "layer": Variant("layer", same, x).fn()},
             rounds=rounds,

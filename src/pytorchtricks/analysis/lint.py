@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display, preserved_state
 from pytorchtricks.analysis.flops import count_flops
-from pytorchtricks.analysis.lint_rules import RULES, Finding, LintContext
+from pytorchtricks.analysis.lint_rules import RULES, Finding, LintContext, fmt_bytes
 from pytorchtricks.core import PttError
 
 __all__ = ["FixReport", "LintReport", "apply_lint_fixes_", "lint"]
@@ -60,7 +60,7 @@ class LintReport:
         for fs in groups.values():
             f = fs[0]
             total = sum(x.cost_bytes for x in fs)
-            size = f", ~{total / 2**20:.2f} MiB in all" if total and len(fs) > 1 else ""
+            size = f", ~{fmt_bytes(total)} in all" if total and len(fs) > 1 else ""
             where = ", ".join(display(x.location) for x in fs[:8]) + (
                 f" (+{len(fs) - 8} more)" if len(fs) > 8 else ""
             )

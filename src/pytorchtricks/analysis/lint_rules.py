@@ -90,10 +90,10 @@ def rule(rule_id: str, name: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     if n >= 0.01 * MiB:
         return f"{n / MiB:.2f} MiB"
-    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} bytes"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} B"
 
 
 @rule("PTL001", "conv-bias-before-bn")
@@ -119,7 +119,7 @@ def conv_bias_before_bn(ctx: LintContext) -> list[Finding]:
                     f"{type(conv).__name__} has a bias but feeds only {user.target} (BatchNorm), which subtracts "
                     "the channel mean and cancels it.",
                     f"{conv.bias.numel()} useless parameters and a bias add over the output "
-                    f"(~{_fmt_bytes(traffic)} traffic per forward)",
+                    f"(~{fmt_bytes(traffic)} traffic per forward)",
                     "ptt.remove_conv_bias_before_bn_(model) (exact: bias folded into running_mean), or bias=False",
                     fixable=True,
                     cost_bytes=traffic,
@@ -221,7 +221,7 @@ def g1_unequal_channels(ctx: LintContext) -> list[Finding]:
                 path,
                 f"1x1 conv {c1}->{c2} channels (ratio {max(c1, c2) / min(c1, c2):.1f}); equal widths minimise "
                 "memory access at equal FLOPs (ShuffleNetV2 G1).",
-                f"{_fmt_bytes(nbytes)} more feature-map traffic per forward than a {round(math.sqrt(c1 * c2))}->"
+                f"{fmt_bytes(nbytes)} more feature-map traffic per forward than a {round(math.sqrt(c1 * c2))}->"
                 f"{round(math.sqrt(c1 * c2))} conv of the same FLOPs ({excess / feature:.0%})",
                 "keep 1x1 conv input and output widths close (bottlenecks trade this for FLOPs: measure)",
                 severity="info",
@@ -249,7 +249,7 @@ def g2_group_conv(ctx: LintContext) -> list[Finding]:
                 path,
                 f"grouped conv with {g} groups ({m.in_channels}->{c2}): more groups raise memory access at equal "
                 "FLOPs (ShuffleNetV2 G2).",
-                f"{_fmt_bytes(nbytes)} more output traffic per forward than a dense conv of the same FLOPs",
+                f"{fmt_bytes(nbytes)} more output traffic per forward than a dense conv of the same FLOPs",
                 "use fewer groups (or a depthwise + 1x1 pair) and measure with `ptt lint --measure`",
                 cost_bytes=nbytes,
             )
@@ -329,7 +329,7 @@ def g4_elementwise_traffic(ctx: LintContext) -> list[Finding]:
             f"element-wise ops (activations, adds, bias) move {ew / total:.0%} of all bytes for "
             f"{ctx.flops.flops_by_category.get('elementwise', 0) / max(ctx.flops.flops, 1):.1%} of the FLOPs "
             f"(ShuffleNetV2 G4); largest at {', '.join(display(r.path) for r in top)}.",
-            f"{_fmt_bytes(ew)} of {_fmt_bytes(total)} memory traffic per forward",
+            f"{fmt_bytes(ew)} of {fmt_bytes(total)} memory traffic per forward",
             "fuse element-wise ops into the producing kernel (torch.compile, ptt.fuse_conv_bn_ for inference) "
             "and drop activations/adds that do not help accuracy",
             severity="info",
@@ -355,7 +355,7 @@ def attention_high_resolution(ctx: LintContext) -> list[Finding]:
                 op["module"],
                 f"attention over {tokens} tokens: its cost grows with tokens^2; TRT-ViT puts convolution in the "
                 "early high-resolution stages and attention in the late ones.",
-                f"attention scores of {_fmt_bytes(score_bytes)} per forward",
+                f"attention scores of {fmt_bytes(score_bytes)} per forward",
                 "move attention blocks after downsampling (or use windowed/local attention at high resolution)",
                 cost_bytes=score_bytes,
             )
@@ -381,7 +381,7 @@ def unused_parameters(ctx: LintContext) -> list[Finding]:
                 "unused-parameters",
                 owner,
                 f"parameter(s) {', '.join(leaves)} require grad but get no gradient from the loss.",
-                f"{_fmt_bytes(nbytes)} of weights plus their optimizer state; DDP needs find_unused_parameters=True "
+                f"{fmt_bytes(nbytes)} of weights plus their optimizer state; DDP needs find_unused_parameters=True "
                 "(an extra graph walk every step)",
                 "delete the unused module or call requires_grad_(False) on it",
                 cost_bytes=nbytes,
@@ -447,7 +447,7 @@ def inplace_activation(ctx: LintContext) -> list[Finding]:
                 "inplace-activation",
                 path,
                 f"{type(ctx.modules[path]).__name__}(inplace=False) whose input is used by nothing else.",
-                f"one extra {_fmt_bytes(nbytes)} tensor allocated per call",
+                f"one extra tensor of {fmt_bytes(nbytes)} allocated per call",
                 "ptt.inplace_activations_(model) (exact), or inplace=True",
                 fixable=True,
                 severity="info",
