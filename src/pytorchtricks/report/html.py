@@ -199,6 +199,9 @@ def _diagnosis(p: dict[str, Any]) -> str:
             )
             + f" <span class='muted'>(peak: {_e(mem.get('peak_method', ''))})</span></p>"
         )
+    if mem.get("top_modules"):
+        tops = "; ".join(_e(t) for t in mem["top_modules"])
+        out.append(f"<p>Largest saved activations (ptt.memory_breakdown): {tops}</p>")
     return "\n".join(out)
 
 

@@ -212,10 +212,21 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         runner.close()
     if lint_note:
         notes.append(lint_note)
-    if ptt_function("memory_breakdown") is None:
+    breakdown = ptt_function("memory_breakdown")
+    if breakdown is None:
         notes.append(
             "ptt.memory_breakdown is not available in this build; memory measured with SavedTensorMeter"
         )
+    elif w.for_ == "train":
+        try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
+            m = w.model_factory().to(w.device)
+            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            b = breakdown(m, example, opt, measure_peak=False)
+            memory["top_modules"] = [
+                f"{path} ({kind}): {n / 2**20:.1f} MiB" for path, kind, n in b.per_module[:5]
+            ]
+        except Exception as exc:
+            notes.append(f"ptt.memory_breakdown failed ({type(exc).__name__}: {str(exc)[:120]})")
     findings = list(lint_found)
     if bias_pairs and not any("conv-bias" in f.id or f.id.startswith("PTL001") for f in findings):
         findings.append(
