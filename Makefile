@@ -114,6 +114,10 @@ bench-tune: setup
 bench-design: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/design_rules.py --size full --rounds 7 --threads 1 --out results
 
+# estimate_memory vs the measured CPU peak for 4 models x 2 optimizers, and find_batch_size -> results/memory_estimate.*
+bench-memory: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_estimate.py --out results
+
 # Example `ptt lint` outputs of three torchvision models (random weights) -> results/lint-*.txt.
 lint-examples: setup
 	for m in resnet50 mobilenet_v3_small shufflenet_v2_x1_0; do \
