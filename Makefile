@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot
+.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
