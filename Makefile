@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples
+.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -147,6 +147,11 @@ bench-loop: setup
 	rm -f results/loop/bench-full-cpu.jsonl
 	flock /tmp/ptt-bench.lock $(PTT) bench $(LOOP_TRICKS) --size full --out results/loop
 	$(PTT) report results/loop/bench-full-cpu.jsonl --format md > results/loop/bench-full-cpu.md
+
+# Checkpoint planner vs brute force over every uniform segmentation (exact step peak memory, 64-block residual MLP)
+# -> results/checkpoint_planner-cpu.{jsonl,md}.
+bench-checkpoint: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out results
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
