@@ -15,7 +15,7 @@ import tempfile
 
 from torch import nn
 
-SIZE = 48
+SIZE = 32
 BATCH = 16
 
 
