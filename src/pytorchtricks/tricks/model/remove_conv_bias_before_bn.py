@@ -52,7 +52,7 @@ def remove_conv_bias_before_bn_(model: nn.Module) -> nn.Module:
             if bn.running_mean is not None:
                 # eval: BN(y + b) uses (y + b - mu) = (y - (mu - b)); train: the batch mean shifts by b too
                 bn.running_mean.sub_(bias.to(bn.running_mean.dtype))
-        conv.register_parameter("bias", None)  # re-registers the parameter slot as None: state_dict loses "<conv>.bias"
+        conv.register_parameter("bias", None)  # state_dict loses "<conv>.bias"
         changed += 1
     if changed == 0:
         warnings.warn(
