@@ -50,7 +50,7 @@ def models_file(tmp_path):
     return str(path)
 
 
-def write_jpegs(root: str, classes: int, per_class: int, px: int, seed: int = 0) -> str:
+def write_jpegs(root: str, classes: int, per_class: int, px: int, seed: int = 0, ext: str = "jpg") -> str:
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -60,7 +60,7 @@ def write_jpegs(root: str, classes: int, per_class: int, px: int, seed: int = 0)
             yy, xx = np.mgrid[0:px, 0:px] / px
             img = 128 + 60 * np.sin((k + 1) * 6 * (xx + yy))[..., None] + rng.normal(0, 20, (px, px, 3))
             Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
-                os.path.join(root, f"c{k}", f"{j}.jpg")
+                os.path.join(root, f"c{k}", f"{j}.{ext}")
             )
     return root
 

@@ -56,8 +56,8 @@ def test_reduced_tune_end_to_end(tmp_path, models_file):
 
 
 def test_planted_problems_are_diagnosed(tmp_path, models_file, jpegs):
-    # input-bound by construction: 160 px JPEGs decoded per sample for a 2-conv model at 16 px
-    data = jpegs(str(tmp_path / "big"), classes=2, per_class=16, px=160)
+    # input-bound by construction: 192 px PNGs (no reduced-scale decode) per sample for a 2-conv model at 16 px
+    data = jpegs(str(tmp_path / "big"), classes=2, per_class=16, px=192, ext="png")
     w = build_workload(f"{models_file}:planted", data, batch_size=16, input_size=16)
     diag = diagnose(w, budget_s=8)
     ids = {f.id for f in diag.findings}
