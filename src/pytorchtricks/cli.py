@@ -400,6 +400,48 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_flops(sub: Any) -> None:
+    p = sub.add_parser("flops", help="FLOPs, params and memory access cost per layer (1 MAC = 2 FLOPs)")
+    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
+    p.add_argument("--top", type=int, default=20, help="layers to list, most FLOPs first")
+    p.set_defaults(handler=_cmd_flops)
+
+
+def _cmd_flops(args: argparse.Namespace) -> int:
+    from pytorchtricks.analysis.flops import count_flops
+
+    model, x = _model_and_input(args.model, args.input_shape)
+    r = count_flops(model, x)
+    _console().print(f"{r}\n{r.table(top=args.top)}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _add_memory(sub: Any) -> None:
+    p = sub.add_parser("memory", help="training memory: params, grads, optimizer state, activations")
+    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("--input-shape", default="8,3,224,224", help="batch shape (default: %(default)s)")
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "none"))
+    p.add_argument("--no-measure", action="store_true", help="skip measuring the peak of a real step")
+    p.set_defaults(handler=_cmd_memory)
+
+
+def _cmd_memory(args: argparse.Namespace) -> int:
+    import torch
+
+    from pytorchtricks.analysis.memory import memory_breakdown
+
+    model, x = _model_and_input(args.model, args.input_shape)
+    opt: Any = None
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters())
+    elif args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    b = memory_breakdown(model, x, opt, measure_peak=not args.no_measure)
+    _console().print(f"{b}\n\n{b.table()}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 _COMMANDS: list[Callable[[Any], None]] = [
@@ -412,6 +454,8 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_inspect,
     _add_lint,
     _add_profile,
+    _add_flops,
+    _add_memory,
 ]
 
 

@@ -67,3 +67,25 @@ def test_profile_prints_split_and_verdict(spec: str, capsys: pytest.CaptureFixtu
     assert main(["profile", spec, "--input-shape", "8,3,16,16", "--steps", "2", "--profile-steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "verdict:" in out and "backward" in out and "top ops" in out
+
+
+def test_flops_and_memory_commands(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["flops", spec, "--input-shape", "2,3,16,16", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "1 MAC = 2 FLOPs" in out and "MFLOPs" in out
+    assert main(["memory", spec, "--input-shape", "8,3,16,16", "--optimizer", "sgd"]) == 0
+    out = capsys.readouterr().out
+    assert "activations (saved for backward)" in out and "measured peak" in out and "BatchNorm2d" in out
+
+
+def test_lint_measure_fills_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    from torch import nn
+
+    from pytorchtricks.analysis.design_rules import measure_findings
+    from pytorchtricks.analysis.lint import lint
+
+    model = nn.Sequential(nn.Conv2d(8, 64, 3, padding=1, bias=False), nn.Conv2d(64, 512, 1, bias=False))
+    x = torch.randn(8, 8, 16, 16)
+    report = lint(model, x, rules=["PTL004"])
+    measure_findings(model, x, report.findings, rounds=1, min_run_time_s=0.01)
+    assert report.findings and "the time of an equal-FLOPs 181->181 conv" in report.findings[0].measured
