@@ -68,7 +68,9 @@ class MemoryBreakdown:
     activation_bytes: int
     input_bytes: int
     workspace_bytes: int = 0
-    per_module: list[tuple[str, str, int]] = field(default_factory=list)  # (path, type, saved bytes)
+    per_module: list[tuple[str, str, int]] = field(
+        default_factory=list
+    )  # (path, type, saved bytes), largest first
     measured_peak_bytes: int | None = None
     peak_method: str = ""
 
@@ -152,7 +154,7 @@ def _saved_activations(
     for path, nbytes in saver.by_key.values():
         per[path] = per.get(path, 0) + nbytes
     modules = dict(model.named_modules())
-    rows = [(p, type(modules.get(p, model)).__name__, b) for p, b in per.items()]
+    rows = sorted(((p, type(modules.get(p, model)).__name__, b) for p, b in per.items()), key=lambda r: -r[2])
     return sum(per.values()), sum(saver.input_bytes.values()), rows, saver.largest
 
 
