@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--skip-search", action="store_true", help="bytes only: no find_batch_size (no timing)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -78,20 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         "MiB; measured peak = live tensor bytes before the step + CPU allocator peak during it (cpu_tracked).",
         "",
     ]
-    model = load_model("torchvision:resnet18", num_classes=10)
-    budget = 256 * MiB
-    r = ptt.find_batch_size(
-        model,
-        lambda n: torch.randn(n, 3, 64, 64),
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-        budget_bytes=budget,
-        max_batch=256,
-        min_run_time_s=1.0,
-    )
-    rows.append({"kind": "find_batch_size", "model": "resnet18 (64 px)", "budget_bytes": budget, "env": env,
-                 "batch_size": r.batch_size, "samples_per_s": r.samples_per_s, "candidates": r.rows})  # fmt: skip
-    md += ["## find_batch_size: ResNet-18 at 64 px, SGD, budget 256 MiB", "", "```", str(r), "```", ""]
-    print(r)
+    if not args.skip_search:
+        model = load_model("torchvision:resnet18", num_classes=10)
+        budget = 256 * MiB
+        r = ptt.find_batch_size(
+            model,
+            lambda n: torch.randn(n, 3, 64, 64),
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            budget_bytes=budget,
+            max_batch=256,
+            min_run_time_s=1.0,
+        )
+        rows.append({"kind": "find_batch_size", "model": "resnet18 (64 px)", "budget_bytes": budget, "env": env,
+                     "batch_size": r.batch_size, "samples_per_s": r.samples_per_s, "candidates": r.rows})  # fmt: skip
+        md += ["## find_batch_size: ResNet-18 at 64 px, SGD, budget 256 MiB", "", "```", str(r), "```", ""]
+        print(r)
     os.makedirs(args.out, exist_ok=True)
     write_jsonl(os.path.join(args.out, "memory_estimate.jsonl"), rows)
     path = os.path.join(args.out, "memory_estimate.md")
