@@ -84,7 +84,7 @@ def bench_read(files: list[str], dsts: dict[str, str], n: int, rounds: int) -> l
 
 def bench_decode(files: list[str], n: int, rounds: int) -> list[dict[str, Any]]:
     datas = []
-    for f in files[:n]:
+    for f in files[:: max(1, len(files) // n)][:n]:  # spread over every class and source photo
         with open(f, "rb") as fh:
             datas.append(fh.read())
     boxes = []
