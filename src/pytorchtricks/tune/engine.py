@@ -203,7 +203,7 @@ def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tup
     spread = f"{m.ratio:.2f}x (IQR {m.ratio_q1:.2f}-{m.ratio_q3:.2f})"
     if goal in ("speed", "both") and speed_win:
         return True, f"faster: {spread}"
-    if goal in ("memory", "both") and mem_win:
+    if (goal == "memory" or (goal == "both" and m.ratio_q3 >= 1 - MARGIN)) and mem_win:
         return True, f"step peak {m.peak_bytes / base.peak_bytes:.0%} of baseline"  # type: ignore[operator]
     if exact and name in FIX_TRICKS and m.ratio_q3 >= 1 - MARGIN:
         return True, f"exact fix of a diagnosed problem; not measurably slower: {spread}"
