@@ -11,13 +11,23 @@ from torch import fx, nn
 
 from pytorchtricks.core import PttError
 
+_LEAF_KINDS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm)
+
+
+class _Tracer(fx.Tracer):
+    """Standard tracer that also keeps subclasses of conv/Linear/BN (e.g. low-bit layers) as single calls."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, _LEAF_KINDS) or super().is_leaf_module(m, module_qualified_name)
+
 
 def trace(model: nn.Module) -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with a PttError that says what to do when the forward is not traceable."""
+    """``torch.fx`` trace with a PttError that says what to do when the forward is not traceable."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return fx.symbolic_trace(model)
+            graph = _Tracer().trace(model)
+            return fx.GraphModule(model, graph, type(model).__name__)
     except Exception as exc:
         raise PttError(
             f"cannot trace {type(model).__name__} with torch.fx ({type(exc).__name__}: {str(exc)[:200]}); "

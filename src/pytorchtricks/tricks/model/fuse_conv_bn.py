@@ -70,9 +70,11 @@ def fold_bn_into_(layer: Any, bn: Any) -> None:
 def _foldable(layer: nn.Module, bn: nn.Module) -> bool:
     if not isinstance(bn, _BN) or bn.running_mean is None or bn.running_var is None:
         return False
-    if isinstance(layer, _CONVS + _TCONVS):
+    if (
+        type(layer) in _CONVS + _TCONVS
+    ):  # exact types: a subclass (e.g. a low-bit layer) may transform weights
         return layer.out_channels == bn.num_features
-    return isinstance(layer, nn.Linear) and layer.out_features == bn.num_features
+    return type(layer) is nn.Linear and layer.out_features == bn.num_features
 
 
 def fuse_conv_bn_(
