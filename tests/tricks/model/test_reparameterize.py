@@ -83,3 +83,15 @@ def test_nothing_to_do_warns() -> None:
 def test_acblock_even_kernel_rejected() -> None:
     with pytest.raises(PttError, match="odd"):
         ptt.ACBlock(3, 3, kernel_size=2)
+
+
+def test_after_fuse_conv_bn_still_exact() -> None:
+    torch.manual_seed(0)
+    net = randomize_bn_(nn.Sequential(ptt.RepVGGBlock(4, 4), ptt.ACBlock(4, 4))).eval()
+    x = torch.randn(2, 4, 9, 9)
+    with torch.no_grad():
+        ref = net(x)
+    ptt.fuse_conv_bn_(net, x)  # folds the branch BNs first (the pipeline order)
+    ptt.reparameterize_(net, x)
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), ref, atol=1e-5, rtol=1e-5)

@@ -15,9 +15,11 @@ _LEAF_KINDS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm.
 
 
 class _Tracer(fx.Tracer):
-    """Standard tracer that also keeps subclasses of conv/Linear/BN (e.g. low-bit layers) as single calls."""
+    """Standard tracer that also keeps conv/Linear/BN subclasses (low-bit layers) and RepVGG-style blocks whole."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if callable(getattr(m, "reparameterize_", None)) or callable(getattr(m, "switch_to_deploy", None)):
+            return True  # re-parameterizable blocks change their insides later: the graph must call the block
         return isinstance(m, _LEAF_KINDS) or super().is_leaf_module(m, module_qualified_name)
 
 

@@ -41,6 +41,7 @@ class OnnxRunner:
         self, path: str, *, threads: int | None = None, providers: Sequence[str] = ("CPUExecutionProvider",)
     ):
         ort = require("onnxruntime", "infer")
+        self.path = path
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
