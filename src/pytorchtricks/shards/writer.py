@@ -141,6 +141,9 @@ def pack(
         strict: fail on the first bad file instead of listing it in ``rejects``. verify: re-read every shard.
         progress: show a rich progress bar.
 
+    Worker processes are started with ``spawn``: a script that calls ``pack`` with workers > 1 needs the usual
+    ``if __name__ == "__main__":`` guard.
+
     Example:
         >>> import tempfile, os, io; from PIL import Image
         >>> src = tempfile.mkdtemp(); os.makedirs(f"{src}/cat")
