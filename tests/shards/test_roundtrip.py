@@ -120,3 +120,12 @@ def test_csv_source_with_extras(photos, tmp_path):
     assert ds.classes == ["cat", "dog"]
     data, label, extras = ds[1]
     assert data == files[1].read_bytes() and label == 0 and extras == {"caption": "photo 1"}
+
+
+@pytest.mark.parametrize("fmt", ["ptt", "lmdb"])
+def test_dataset_in_dataloader_workers(packs, photo_bytes, fmt):
+    ds = ShardDataset(packs[fmt], decode=None)
+    ds.read_raw(0)  # open files in the parent: workers must reopen their own (LMDB lazily, lock=False)
+    dl = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=_collate)
+    got = collections.Counter(bytes(x) for b in dl for x, _, _ in b)
+    assert set(got) == set(photo_bytes) and max(got.values()) == 1
