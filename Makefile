@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples
+.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -152,6 +152,12 @@ bench-loop: setup
 # -> results/checkpoint_planner-cpu.{jsonl,md}.
 bench-checkpoint: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out results
+
+# CPU inference of ResNet-18 at 160 px: eager, channels_last, fused, compile, bf16, int8 (ptt optimize --int8),
+# ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> results/inference_cpu.{jsonl,md}. ROUNDS=3 for a quick run.
+ROUNDS ?= 5
+bench-infer: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(ROUNDS) --out results/inference_cpu
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -442,6 +442,64 @@ def _cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------- optimize
+
+
+def _add_optimize(sub: Any) -> None:
+    p = sub.add_parser("optimize", help="unshare -> fuse -> reparameterize -> quantize/compile, safety-checked")
+    p.add_argument("model", help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
+    p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
+    p.add_argument("--int8", action="store_true", help="static int8 (PT2E x86 / FX) instead of fp32 compile")
+    p.add_argument("--calibrate", metavar="DIR", help="folder of .jpg/.png images for int8 calibration")
+    p.add_argument("--export", choices=("onnx",), help="write ONNX (checked against ONNX Runtime) instead")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (faster to run, slower result)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default: %(default)s)")
+    p.add_argument("--out", help="save the result: state dict + FILE.json rebuild recipe, or the .onnx file")
+    p.set_defaults(handler=_cmd_optimize)
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    import torch
+    from rich.table import Table
+
+    from pytorchtricks.bench import optimize as opt_mod
+    from pytorchtricks.bench.workloads import load_model, parse_shape
+
+    shape = parse_shape(args.input_shape)
+    if args.export and not args.out:
+        raise PttError("--export onnx needs --out FILE.onnx.")
+    model = load_model(args.model).eval()
+    calib = opt_mod.load_calibration(args.calibrate, shape) if args.calibrate else None
+    if args.int8 and calib is None:
+        print("note: no --calibrate DIR given: int8 ranges come from random inputs (SQNR measured on them too)")
+    x = calib[0] if calib else torch.randn(*shape)
+    res = opt_mod.optimize(model, x, int8=args.int8, calibration=calib, compile=not args.no_compile)
+    opt_mod.time_stages(res, x, rounds=args.rounds)
+    table = Table(title=f"ptt optimize {args.model} ({args.input_shape})")
+    for col in ("step", "status", "speed-up vs eager (IQR)", "SQNR dB", "max abs diff"):
+        table.add_column(col)
+    for st in res.steps:
+        speed = "-" if st.speedup is None else f"{st.speedup:.2f}x ({st.speedup_q1:.2f}-{st.speedup_q3:.2f})"
+        sq = "inf" if st.sqnr_db == float("inf") else f"{st.sqnr_db:.1f}"
+        table.add_row(st.name, st.status, speed, sq, f"{st.max_abs_diff:.2e}")
+    console = _console()
+    console.print(table)
+    console.print(f"interleaved rounds: {args.rounds}; {torch.get_num_threads()} threads; torch {torch.__version__}")
+    if args.out and args.export == "onnx":
+        from pytorchtricks.tricks.model.export_onnx import export_onnx, quantize_onnx_static
+
+        rep = export_onnx(res.fp32_model, x, args.out)
+        console.print(f"wrote {args.out} (ONNX Runtime vs PyTorch max abs diff {rep.max_abs_diff:.2e})")
+        if args.int8:
+            q_path = args.out[: -len(".onnx")] + ".int8.onnx" if args.out.endswith(".onnx") else args.out + ".int8"
+            quantize_onnx_static(args.out, q_path, calib or [x])
+            console.print(f"wrote {q_path} (ONNX Runtime static int8, QDQ)")
+    elif args.out:
+        recipe = opt_mod.save(res, args.out, spec=args.model, input_shape=shape, int8=args.int8)
+        console.print(f"wrote {args.out} (state dict) and {recipe} (how to rebuild)")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 _COMMANDS: list[Callable[[Any], None]] = [
@@ -450,12 +508,14 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_bench,
     _add_report,
     _add_doctor,
+    _add_tune,
     _add_pack,
     _add_inspect,
     _add_lint,
     _add_profile,
     _add_flops,
     _add_memory,
+    _add_optimize,
 ]
 
 
