@@ -129,3 +129,13 @@ def test_dataset_in_dataloader_workers(packs, photo_bytes, fmt):
     dl = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=_collate)
     got = collections.Counter(bytes(x) for b in dl for x, _, _ in b)
     assert set(got) == set(photo_bytes) and max(got.values()) == 1
+
+
+def test_dataset_holds_no_per_sample_python_objects(packs):
+    """Copy-on-write trap: per-sample state must live in numpy buffers, not Python lists/dicts."""
+    ds = ShardDataset(packs["ptt"], decode=None)
+    ds.read_raw(0)
+    for name, value in vars(ds).items():
+        if isinstance(value, list | tuple | dict | set):
+            assert len(value) < len(ds), name
+    assert isinstance(ds.labels, np.ndarray) and isinstance(ds._index, np.memmap)
