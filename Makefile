@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer
+.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-compression
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -158,6 +158,12 @@ bench-checkpoint: setup
 ROUNDS ?= 5
 bench-infer: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(ROUNDS) --out results/inference_cpu
+
+# Fashion-MNIST accuracy after int8 PTQ, DoReFa W4A4 QAT and 50% channel pruning -> results/compression_accuracy.*
+# (accuracy only, no timing). SUBSET=0 trains on all 60,000 images.
+SUBSET ?= 20000
+bench-compression: setup system-deps
+	$(PY) benchmarks/compression_accuracy.py --train-subset $(SUBSET) --out results/compression_accuracy
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

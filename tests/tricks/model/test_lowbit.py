@@ -89,9 +89,9 @@ def test_misuse() -> None:
 
 @pytest.mark.slow
 def test_dorefa_w4a4_qat_fashion_mnist_within_2_points(fmnist) -> None:
-    from pytorchtricks.bench.fashion_mnist import evaluate
+    from pytorchtricks.bench.fashion_mnist import evaluate, train
 
     student = ptt.quantize_lowbit_(copy.deepcopy(fmnist.model), 4, 4)
-    ptt.distill_(student, fmnist.model, fmnist.train_x, fmnist.train_y, epochs=1.0, lr=0.05)
+    train(student, fmnist.train_x, fmnist.train_y, epochs=1.0, lr=0.05, batch_size=256)
     acc = evaluate(student, fmnist.test_x, fmnist.test_y)
     assert fmnist.fp32_acc - acc <= 2.0, (fmnist.fp32_acc, acc)
