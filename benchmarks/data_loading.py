@@ -351,6 +351,8 @@ def run_one(system: str, folder: str, work: str, epochs: int) -> dict[str, Any]:
                 shape = shape or [list(x.shape), str(x.dtype)]
             times.append(_now() - t0)
             counts.append(n)
+    if epochs == 0:
+        return {"system": system, "convert_s": convert_s, "prepared": True}
     return {
         "system": system,
         "epoch_s": times,
@@ -373,10 +375,17 @@ def _python_for(env: str, peers_python: str) -> str | None:
 
 def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, Any], notes: list[str]) -> str:
     by: dict[str, list[dict[str, Any]]] = {}
+    errors: dict[str, str] = {}
     for r in rows:
-        by.setdefault(r["system"], []).append(r)
+        if "images_per_s" in r:
+            by.setdefault(r["system"], []).append(r)
+        elif "error" in r:
+            errors[r["system"]] = r["error"]
     med = {
-        s: [statistics.median(r["images_per_s"][e] for r in rs) for e in range(len(rs[0]["images_per_s"]))]
+        s: [
+            statistics.median(r["images_per_s"][e] for r in rs)
+            for e in range(min(len(r["images_per_s"]) for r in rs))
+        ]
         for s, rs in by.items()
         if "images_per_s" in rs[0]
     }
@@ -389,15 +398,15 @@ def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, An
         f"git {env.get('git_sha')}. Medians over {rounds} interleaved round(s); ratio = images/s over ImageFolder's "
         "in the same epoch. The machine was shared with other work: treat ratios, not times, as the result.",
         "",
-        "| system | epoch 1 img/s | epoch 2 img/s | x ImageFolder (ep1 / ep2) | pack/convert s | peak PSS MiB | batch |",
-        "|---|---|---|---|---|---|---|",
+        "| system | epoch 1 img/s | epoch 2 img/s | x ImageFolder (ep1 / ep2) | pack/convert s | peak PSS MiB "
+        "| rounds | batch |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in SYSTEMS:
         rs = by.get(s)
         if not rs:
-            continue
-        if "error" in rs[0]:
-            out.append(f"| {s} | - | - | - | - | - | not run: {rs[0]['error']} |")
+            if s in errors:
+                out.append(f"| {s} | - | - | - | - | - | 0 | not run: {errors[s]} |")
             continue
         m = med[s]
         ratio = " / ".join(f"{v / b:.2f}" for v, b in zip(m, base)) if base and all(base) else "-"
@@ -405,9 +414,9 @@ def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, An
         peak = statistics.median(r["peak_pss_bytes"] for r in rs) / 2**20
         out.append(
             f"| {s} | {m[0]:.0f} | {m[-1]:.0f} | {ratio} | {'-' if conv is None else f'{conv:.1f}'} | "
-            f"{peak:.0f} | {rs[0]['batch'][0]} {rs[0]['batch'][1].replace('torch.', '')} |"
+            f"{peak:.0f} | {len(rs)} | {rs[0]['batch'][0]} {rs[0]['batch'][1].replace('torch.', '')} |"
         )
-    out += ["", "Systems:", ""] + [f"- `{s}`: {d}" for s, (_, d) in SYSTEMS.items() if s in by]
+    out += ["", "Systems:", ""] + [f"- `{s}`: {d}" for s, (_, d) in SYSTEMS.items() if s in by or s in errors]
     if notes:
         out += ["", "Notes:", ""] + [f"- {x}" for x in notes]
     return "\n".join(out) + "\n"
@@ -425,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--note", action="append", default=[], help="a line for the Markdown notes")
+    ap.add_argument("--append", action="store_true", help="add rounds to this size's existing results")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -438,46 +448,47 @@ def main(argv: list[str] | None = None) -> int:
     folder = subset_folder(args.src, args.images, args.work)
     systems = [s for s in args.systems.split(",") if s]
     env = environment()
+    tag = f"data_loading-{args.images}"
+    jsonl = os.path.join(args.out, f"{tag}.jsonl")
+    old: list[dict[str, Any]] = []
+    if args.append and os.path.exists(jsonl):
+        with open(jsonl) as fh:
+            old = [json.loads(line) for line in fh if line.strip()]
+    first = 1 + max((int(r["round"]) for r in old), default=-1)
+
+    def child(s: str, epochs: int) -> dict[str, Any]:
+        py = _python_for(SYSTEMS[s][0], args.peers_python)
+        if py is None:
+            return {"error": "peer environment missing (make peers-env)"}
+        cmd = [py, os.path.abspath(__file__), "--run-one", s, "--folder", folder, "--work", args.work]
+        try:
+            res = subprocess.run(
+                [*cmd, "--epochs", str(epochs)],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout_s,
+                cwd=ROOT,
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {args.timeout_s:.0f} s"}
+        if res.returncode == 0 and "__RESULT__" in res.stdout:
+            return dict(json.loads(res.stdout.rsplit("__RESULT__", 1)[1]))
+        return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+
+    prepared = {s: child(s, 0) for s in systems}  # pack/convert once, in its own process, before any timing
     rows: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = systems[r % len(systems) :] + systems[: r % len(systems)]
         for s in order:
-            py = _python_for(SYSTEMS[s][0], args.peers_python)
-            row: dict[str, Any] = {"system": s, "round": r, "images_requested": args.images}
-            if py is None:
-                row["error"] = "peer environment missing (make peers-env)"
-            else:
-                cmd = [
-                    py,
-                    os.path.abspath(__file__),
-                    "--run-one",
-                    s,
-                    "--folder",
-                    folder,
-                    "--work",
-                    args.work,
-                    "--epochs",
-                    str(args.epochs),
-                ]
-                try:
-                    res = subprocess.run(
-                        cmd, capture_output=True, text=True, timeout=args.timeout_s, cwd=ROOT
-                    )
-                    if res.returncode == 0 and "__RESULT__" in res.stdout:
-                        row.update(json.loads(res.stdout.rsplit("__RESULT__", 1)[1]))
-                    else:
-                        err = (res.stderr.strip().splitlines() or ["failed"])[-1]
-                        row["error"] = err[:200]
-                except subprocess.TimeoutExpired:
-                    row["error"] = f"timed out after {args.timeout_s:.0f} s"
-            print(json.dumps({k: v for k, v in row.items() if k != "env"}), flush=True)
+            row: dict[str, Any] = {"system": s, "round": first + r, "images_requested": args.images}
+            row.update(prepared[s] if "error" in prepared[s] else child(s, args.epochs))
+            print(json.dumps(row), flush=True)
             rows.append(row)
-    tag = f"data_loading-{args.images}"
-    jsonl = os.path.join(args.out, f"{tag}.jsonl")
     if os.path.exists(jsonl):
-        os.remove(jsonl)  # one file per size: the latest complete run
-    write_jsonl(jsonl, [{**row, "env": env, "rounds": args.rounds} for row in rows])
-    md = _markdown(rows, args.images, args.rounds, env, args.note)
+        os.remove(jsonl)  # one file per size; with --append the old rows are written back first
+    write_jsonl(jsonl, old + [{**row, "env": env, "rounds": args.rounds} for row in rows])
+    rounds = len({r["round"] for r in old} | {r["round"] for r in rows})
+    md = _markdown(old + rows, args.images, rounds, env, args.note)
     with open(os.path.join(args.out, f"{tag}.md"), "w") as fh:
         fh.write(md)
     print(md)
