@@ -1,4 +1,4 @@
-"""distillation_loss / distill_: the Hinton loss formula, frozen teacher, student learns the teacher's function."""
+"""distill_ / distillation_loss: the Hinton loss formula, frozen teacher, student learns the teacher's function."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lowbit: quantizer math, straight-through gradients, layer swap, exact BN folding for binary nets, real-data QAT."""
+"""quantize_lowbit_: quantizer math, straight-through gradients, layer swap, exact BN folding for binary nets, real-data QAT."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 import pytorchtricks as ptt
 from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import NoEffectWarning, PttError
-from pytorchtricks.tricks.model.lowbit import act_quant, quantize_k, weight_quant
+from pytorchtricks.tricks.model.quantize_lowbit import act_quant, quantize_k, weight_quant
 
 
 def test_dorefa_levels_and_ste() -> None:

@@ -5,7 +5,7 @@ targets (``KL(softmax(t/T) || softmax(s/T)) * T^2``) than from hard labels alone
 When: fine-tuning a compressed model whose uncompressed original you still have.
 Caveats: the teacher runs a forward per step (about +1/3 compute for a same-size teacher); the T^2 factor keeps the
 soft-target gradients on the scale of the hard-label ones; the teacher is put in eval mode and gets no gradients.
-See also: prune_channels, lowbit, quantize, 训练策略 / 知识蒸馏.
+See also: prune_channels, quantize_lowbit, quantize, 训练策略 / 知识蒸馏.
 """
 
 from __future__ import annotations

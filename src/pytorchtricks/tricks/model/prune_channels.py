@@ -9,7 +9,7 @@ Caveats: the call graph is traced with torch.fx; a channel dimension that reache
 the model output, a module called twice, a grouped non-depthwise conv) is left whole. Kept counts are rounded to
 ``round_to`` (8 suits SIMD/oneDNN blocking). Accuracy drops until fine-tuned. ``prune_unstructured_`` zeroes single
 weights (``torch.nn.utils.prune``): smaller when compressed, NOT faster on dense kernels.
-See also: distillation, lowbit, 推理加速 / 剪枝.
+See also: distill, quantize_lowbit, 推理加速 / 剪枝.
 """
 
 from __future__ import annotations

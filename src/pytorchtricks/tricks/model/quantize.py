@@ -11,7 +11,7 @@ A safety check runs by default: SQNR vs the float model (default floors 20 dB in
 caller's inputs must be unchanged - with freezing, the x86 int8 lowering of ``x + Linear(x)`` writes into the
 caller's input (oneDNN in-place sum): the check raises, pass ``clone_inputs=True``. RepVGG-style nets and
 depthwise convs lose most under int8 (check the SQNR). Dynamic int8 on CNNs is slower (0.34-0.50x): not offered.
-See also: fuse_conv_bn, reparameterize, export_onnx, lowbit, 推理加速 / 量化.
+See also: fuse_conv_bn, reparameterize, export_onnx, quantize_lowbit, 推理加速 / 量化.
 """
 
 from __future__ import annotations

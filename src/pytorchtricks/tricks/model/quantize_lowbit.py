@@ -9,7 +9,7 @@ When: when int8 is not small enough, or to study accuracy vs bits. Fine-tune fro
 Caveats: this simulates low-bit arithmetic in fp32 (fake quantization): it proves accuracy, it does not make PyTorch
 faster - deploying needs low-bit kernels. First and last layers stay fp32 by default (``skip_first_last``), as in
 the papers. ``fold_bn_binary_`` folds an eval-mode BN into a binary layer's per-channel scale, keeping weights +-1.
-See also: quantize, distillation, prune_channels, 推理加速 / 低比特量化.
+See also: quantize, distill, prune_channels, 推理加速 / 低比特量化.
 """
 
 from __future__ import annotations
