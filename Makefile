@@ -41,8 +41,10 @@ system-deps:
 	  fi; \
 	fi
 
+# OMP_WAIT_POLICY=PASSIVE: on a shared machine (load above the core count) OpenMP threads that spin-wait made a
+# ResNet-18 step 10x slower here; passive waiting keeps the demo inside its budget. The receipt records it.
 demo: setup system-deps
-	$(PTT) tune --out tune-out
+	OMP_WAIT_POLICY=PASSIVE $(PTT) tune --out tune-out
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -107,7 +109,7 @@ bench-data: setup data peers-env
 # `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
 # both recommendations and the verify run (combined vs each single trick) -> results/tune-planted.{jsonl,md}.
 bench-tune: setup
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out results
+	OMP_WAIT_POLICY=PASSIVE flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out results
 
 # ShuffleNetV2 G1-G4 micro-benchmarks: equal-FLOPs variants, MAC ratio vs measured time ratio -> results/design_rules.*
 # (1 intra-op thread: stable on a shared 2-core machine; CUDA too when present).

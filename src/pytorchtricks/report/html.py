@@ -51,7 +51,9 @@ def _summary(p: dict[str, Any]) -> str:
         f"<p>{_e(w['model'])} ({w['params'] / 1e6:.1f} M params), {_e(w['for'])}, batch {w['batch_size']}, "
         f"{w['input_size']} px, on {_e(env.get('device_name'))} ({env.get('threads')} threads, torch "
         f"{_e(env.get('torch'))}). Data: {_e(w['data'])}.</p>",
-        f"<p class='muted'>Goal {_e(p['goal'])}; ran {p['elapsed_s']:.0f} s of a {p['budget_s']:.0f} s budget. "
+        f"<p class='muted'>Machine load at start: {_e(w.get('loadavg_1m_at_start'))} (1-minute average, "
+        f"{_e(env.get('cpu_count'))} cores); OMP_WAIT_POLICY={_e(w.get('omp_wait_policy') or 'unset')}. "
+        f"Goal {_e(p['goal'])}; ran {p['elapsed_s']:.0f} s of a {p['budget_s']:.0f} s budget. "
         "Speed ratios are medians of paired per-round ratios over interleaved rounds (variants timed in rotating "
         "order within each round); the combined figure comes from its own interleaved run, not from multiplying "
         "single gains.</p>",

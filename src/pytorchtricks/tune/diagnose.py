@@ -7,6 +7,7 @@ and otherwise does the core job itself with the measuring engine: ``Stopwatch`` 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,25 @@ def bf16_native(device: torch.device) -> bool:
         return bool(torch.cuda.is_bf16_supported())
     _, flags = _cpu_info()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def oversubscribed() -> str | None:
+    """A message when other processes keep the CPU busy while OpenMP threads spin-wait (None otherwise).
+
+    With more runnable processes than cores, torch's OpenMP threads spin waiting for each other and a step can
+    run 10x slower (measured on a shared 2-core machine: ResNet-18 step 10 s vs 0.8 s with passive waiting).
+    """
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return None
+    return (
+        f"load average {load:.1f} on {cores} cores: OpenMP threads spin-wait while other processes run, which can "
+        "slow steps many-fold and makes every ratio noisy"
+    )
 
 
 def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
@@ -235,6 +255,16 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 ", ".join(bias_pairs[:4]) + (" ..." if len(bias_pairs) > 4 else ""),
                 f"{len(bias_pairs)} conv layer(s) with a bias feed a BatchNorm, which subtracts it again",
                 "ptt.remove_conv_bias_before_bn_(model)",
+            )
+        )
+    busy = oversubscribed()
+    if busy:
+        findings.append(
+            Finding(
+                "cpu-oversubscribed",
+                "machine",
+                busy,
+                "OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before Python starts)",
             )
         )
     native = bf16_native(w.device)

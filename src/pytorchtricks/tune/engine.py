@@ -474,7 +474,15 @@ def _seeded(seed: int) -> Any:
 
 
 def describe(w: Workload) -> dict[str, Any]:
+    import os
+
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
     return {
+        "loadavg_1m_at_start": load,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "model": w.model_spec,
         "data": w.data_desc,
         "batch_size": w.batch_size,
