@@ -105,7 +105,7 @@ def test_receipt_write_is_atomic(tmp_path, models_file, monkeypatch):
 
 def test_cli_runs_tune(tmp_path, models_file):
     out = str(tmp_path / "cli-out")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     proc = subprocess.run(
         [sys.executable, "-m", "pytorchtricks.cli", "tune", "--model", f"{models_file}:tiny", "--data", "synthetic",
          "--batch-size", "8", "--input-size", "16", "--time-budget", "6", "--out", out],
