@@ -65,7 +65,7 @@ def to_markdown(rows: list[dict[str, object]]) -> str:
     env = rows[0]["env"] if rows else {}
     assert isinstance(env, dict)
     lines = [
-        f"# ShuffleNetV2 guidelines G1-G4 on {env.get('device_name')} ({env.get('threads')} threads, torch "
+        f"# ShuffleNetV2 guidelines G1-G4 on {env.get('device_name')} (threads: {env.get('threads')}, torch "
         f"{env.get('torch')})",
         "",
         "Equal-FLOPs variants per experiment; ratios are relative to the first variant of the experiment. Time ratios "

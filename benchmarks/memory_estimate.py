@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment("cpu")
     rows = []
     md = [
-        f"# estimate_memory vs measured peak, {env['device_name']} ({env['threads']} threads, torch {env['torch']})",
+        f"# estimate_memory vs measured peak, {env['device_name']} (threads: {env['threads']}, torch {env['torch']})",
         "",
         "| model | batch | optimizer | params | grads | opt. state | activations | workspace | estimate | measured peak | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
