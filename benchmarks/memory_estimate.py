@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-search", action="store_true", help="bytes only: no find_batch_size (no timing)")
+    p.add_argument("--search-only", action="store_true", help="only the find_batch_size run")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         "| model | batch | optimizer | params | grads | opt. state | activations | workspace | estimate | measured peak | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, (factory, shape) in MODELS.items():
+    for name, (factory, shape) in ({} if args.search_only else MODELS).items():
         for opt_name, make_opt in OPTIMIZERS.items():
             model = factory()
             b = ptt.memory_breakdown(model, torch.randn(shape), make_opt(model))
