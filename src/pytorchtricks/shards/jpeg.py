@@ -200,9 +200,9 @@ def _simplejpeg(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np
     bx = _crop_box(box, h0, w0)
     if target is None:
         arr = simplejpeg.decode_jpeg(buf, colorspace="RGB")
-    else:  # decoded full image must keep the crop >= target: min sizes scaled up from the crop to the image
-        mh = math.ceil(target[0] * h0 / bx[2])
-        mw = math.ceil(target[1] * w0 / bx[3])
+    else:  # ask for exactly 1/d: left free, libjpeg picks M/8 factors like 3/8 whose IDCT has no SIMD (slower)
+        d = dct_scale((bx[2], bx[3]), target)
+        mh, mw = math.ceil(h0 / d), math.ceil(w0 / d)
         arr = simplejpeg.decode_jpeg(buf, colorspace="RGB", min_height=mh, min_width=mw)
     return _finish(arr, bx, h0, w0, target)
 
