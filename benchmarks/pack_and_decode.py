@@ -116,6 +116,15 @@ def _full_then_resize(data: bytes, box: tuple[int, int, int, int], backend: str)
     return _resize(decode_image(data, crop=box, backend=backend), (224, 224))
 
 
+CONDITIONS = """
+Conditions: shared 2-core VM (other work ran alongside; ratios come from interleaved rounds, absolute rates are
+pessimistic). Photos: 5,000 of the 10,000 built by `make data` (crops of Debian wallpapers, 512-1024 px long side,
+JPEG q80-95). Pack rates include a strict full decode of every file (the integrity check). Decode: 100 photos spread
+over all classes, one thread (torch and OpenCV), target a centre square crop resized to 224x224; "full+crop+resize"
+is the same output made from a full-size decode (area resize), "scaled 224 crop" is
+`decode_image(size=(224, 224), crop=box)`."""
+
+
 def to_markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     out = [f"# pack_and_decode\n\n{env['cpu']}, {env['cpu_count']} cores, torch {env['torch']}, "
            f"git {env['git_sha']}, {env['time_utc']}. Ratios: paired per interleaved round, median (IQR).\n"]  # fmt: skip
@@ -141,6 +150,7 @@ def to_markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
         if r["bench"] == "decode":
             out.append(f"| {r['backend']} | {r['variant']} | {r['images_per_s']:.0f} | {r['ratio_vs_full']:.2f} "
                        f"({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}) |")  # fmt: skip
+    out.append(CONDITIONS)
     return "\n".join(out) + "\n"
 
 
