@@ -156,10 +156,10 @@ bench-checkpoint: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out results
 
 # CPU inference of ResNet-18 at 160 px: eager, channels_last, fused, compile, bf16, int8 (ptt optimize --int8),
-# ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> results/inference_cpu.{jsonl,md}. ROUNDS=3 for a quick run.
-ROUNDS ?= 5
+# ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> results/inference_cpu.{jsonl,md}. INFER_ROUNDS=3 for a quick run.
+INFER_ROUNDS ?= 5
 bench-infer: setup system-deps
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(ROUNDS) --out results/inference_cpu
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(INFER_ROUNDS) --out results/inference_cpu
 
 # Fashion-MNIST accuracy after int8 PTQ, DoReFa W4A4 QAT and 50% channel pruning -> results/compression_accuracy.*
 # (accuracy only, no timing). SUBSET=0 trains on all 60,000 images.
