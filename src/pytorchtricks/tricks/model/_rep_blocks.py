@@ -18,7 +18,11 @@ from pytorchtricks.core import PttError
 def _fold(conv: Any, bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel and bias of conv followed by eval-mode BN, in float64 (BN already folded by fuse_conv_bn_: as is)."""
     if isinstance(bn, nn.Identity):
-        bias0 = conv.bias.double() if conv.bias is not None else torch.zeros(conv.out_channels, dtype=torch.float64)
+        bias0 = (
+            conv.bias.double()
+            if conv.bias is not None
+            else torch.zeros(conv.out_channels, dtype=torch.float64)
+        )
         return conv.weight.double(), bias0
     std = (bn.running_var.double() + bn.eps).sqrt()
     scale = bn.weight.double() / std

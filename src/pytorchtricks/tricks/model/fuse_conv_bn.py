@@ -67,14 +67,13 @@ def fold_bn_into_(layer: Any, bn: Any) -> None:
             layer.bias.copy_(new_bias.to(dtype))
 
 
-def _foldable(layer: nn.Module, bn: nn.Module) -> bool:
+def _foldable(layer: Any, bn: Any) -> bool:
     if not isinstance(bn, _BN) or bn.running_mean is None or bn.running_var is None:
         return False
-    if (
-        type(layer) in _CONVS + _TCONVS
-    ):  # exact types: a subclass (e.g. a low-bit layer) may transform weights
-        return layer.out_channels == bn.num_features
-    return type(layer) is nn.Linear and layer.out_features == bn.num_features
+    # exact types: a subclass (e.g. a low-bit layer) may transform its weights before use
+    if type(layer) in _CONVS + _TCONVS:
+        return bool(layer.out_channels == bn.num_features)
+    return type(layer) is nn.Linear and bool(layer.out_features == bn.num_features)
 
 
 def fuse_conv_bn_(
