@@ -83,3 +83,14 @@ def test_cli_bad_input_exits_2_with_the_fix(tmp_path, models_file, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--input-size" in err
     assert not out.exists()
+
+
+def test_workload_from_a_ptt_pack(tmp_path, models_file, jpeg_folder):
+    import pytorchtricks as ptt
+
+    dst = str(tmp_path / "pack")
+    ptt.pack(jpeg_folder, dst, workers=0)
+    w = build_workload(f"{models_file}:tiny", dst, batch_size=4, input_size=16)
+    x, y = w.example_batch()
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16) and w.num_classes == 2
+    assert "ptt pack" in w.data_desc and set(y.tolist()) <= {0, 1}

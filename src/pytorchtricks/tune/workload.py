@@ -92,6 +92,39 @@ class ImageFolderData(torch.utils.data.Dataset):
         return _decode(self.path(i), self.size), int(self.labels[i])
 
 
+class ShardImages(torch.utils.data.Dataset):
+    """A ``ptt pack`` folder (ptt or lmdb format) read with ``ShardDataset``: ``(uint8 CHW, label)`` at ``size``."""
+
+    def __init__(self, path: str, size: int) -> None:
+        from pytorchtricks.shards.dataset import ShardDataset
+
+        self.shards = ShardDataset(path)
+        self.size = size
+        self.classes = list(self.shards.classes) or ["images"]
+        if len(self.shards) == 0:
+            raise PttError(
+                f"the pack {path!r} holds no samples; pack a folder with images (`ptt pack SRC DST`)."
+            )
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        img, label, _ = self.shards[i]
+        im = Image.fromarray(np.asarray(img, dtype=np.uint8)).resize(
+            (self.size, self.size), Image.Resampling.BILINEAR
+        )
+        return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous(), int(
+            label
+        )
+
+
+def _is_pack(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "manifest.json"))
+
+
 class SyntheticImages(torch.utils.data.Dataset):
     """Deterministic random uint8 images: item ``i`` is the same on every run and in every worker."""
 
@@ -311,6 +344,9 @@ def build_workload(
     elif data == "synthetic":
         dataset = SyntheticImages(max(8 * bs, 64), size)
         data_desc = f"synthetic: {len(dataset)} deterministic random uint8 images, {size} px"
+    elif _is_pack(data):
+        dataset = ShardImages(data, size)
+        data_desc = f"ptt pack {data}: {len(dataset)} images in {len(dataset.classes)} classes, {size} px"
     else:
         dataset = ImageFolderData(data, size)
         data_desc = f"image folder {data}: {len(dataset)} images in {len(dataset.classes)} classes, {size} px"
