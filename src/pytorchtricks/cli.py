@@ -200,7 +200,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _add_tune(sub: Any) -> None:
     p = sub.add_parser("tune", help="diagnose, A/B-measure every applicable trick, combine the winners, write a receipt")
     p.add_argument("--model", help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18)")
-    p.add_argument("--data", help="an image folder, or `synthetic` (default: built-in set from wallpaper photos)")
+    p.add_argument("--data", help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)")
     p.add_argument("--batch-size", type=int, default=None, help="default: 32")
     p.add_argument("--input-size", type=int, default=None, help="image side in pixels (default: 64)")
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
