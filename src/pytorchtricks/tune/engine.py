@@ -510,7 +510,7 @@ def tune_model(
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
     MODEL: ``torchvision:NAME``, ``package.module:factory`` or ``path.py:factory`` (default: a ResNet-18 on the
-    built-in image set); DATA: an image folder, ``synthetic``, or None for the built-in set. Bad input raises
+    built-in image set); DATA: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for the built-in set. Bad input raises
     ``PttError`` before anything is written; the folder ``out`` is replaced atomically.
     """
     dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))

@@ -2,7 +2,7 @@
 
 ``build_workload`` turns the command-line strings into a ``Workload``: MODEL via ``bench.workloads.load_model``
 (or the built-in ResNet-18), DATA an image folder (``root/<class>/<image>``, or a flat folder of images),
-``synthetic`` (deterministic random images) or nothing (the built-in wallpaper set, see ``default_image_folder``).
+a ``ptt pack`` folder, ``synthetic`` (deterministic random images) or nothing (the built-in wallpaper set, see ``default_image_folder``).
 Every failure raises ``PttError`` with one paragraph that names the problem and the fix, before anything is written.
 """
 
