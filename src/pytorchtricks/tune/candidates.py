@@ -194,7 +194,7 @@ def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(float(ref.pow(2).sum()) / noise)
 
 
-def _model_tricks(tricks: tuple[str, ...]) -> tuple[str, ...]:
+def _model_tricks(tricks: tuple[str, ...]) -> tuple[str, ...]:  # loader settings are checked by check_loader
     return tuple(t for t in tricks if t not in ("loader_workers", "pin_memory"))
 
 

@@ -46,7 +46,9 @@ def loader_workers() -> int:
     return max(1, min(LOADER_WORKERS, (os.cpu_count() or 1)))
 
 
-def make_loader(w: Workload, num_workers: int, seed: int = 0) -> torch.utils.data.DataLoader[Any]:
+def make_loader(
+    w: Workload, num_workers: int, seed: int = 0, *, pin_memory: bool = False
+) -> torch.utils.data.DataLoader[Any]:
     """A plain torch DataLoader over the workload's dataset: seeded shuffling, fixed batch shape (drop_last)."""
     from pytorchtricks.tricks.runtime.seed_everything import seed_worker
 
@@ -62,7 +64,7 @@ def make_loader(w: Workload, num_workers: int, seed: int = 0) -> torch.utils.dat
         sampler=sampler,
         drop_last=True,
         num_workers=num_workers,
-        pin_memory=w.device.type == "cuda" and num_workers > 0,
+        pin_memory=pin_memory and w.device.type == "cuda",  # only host->CUDA copies gain from pinned pages
         **kwargs,
     )
 
@@ -109,7 +111,8 @@ class Runner:
         # process-wide switches are entered around every step, so interleaved variants do not leak into each other
         self.switches = [_need(n) for n in ("enable_cudnn_benchmark", "enable_tf32") if n in on]
         self.num_workers = loader_workers() if "loader_workers" in on else 0
-        self._loader = make_loader(w, self.num_workers, seed) if loader else None
+        pin = "pin_memory" in on
+        self._loader = make_loader(w, self.num_workers, seed, pin_memory=pin) if loader else None
         self._it: Iterator[Any] | None = None
 
     # -- data
