@@ -216,8 +216,8 @@ def quantize_(
     if mode == "int8":
         use = backend if backend != "auto" else ("pt2e" if _has_torchao() else "fx")
         inner = _static_int8(model, example, _batches(calibration, example, calibration_batches), use)
-        freezing = compile and use == "pt2e"
-        result = Quantized(_compile(inner) if compile else inner, mode, use, freezing=freezing)
+        freezing = compile and use == "pt2e"  # FX output already runs eager x86 int8 kernels: not compiled
+        result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
     elif mode == "qat_convert":
         pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
         inner = pt2e.convert_pt2e(model)
