@@ -104,9 +104,11 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.LayerNorm(width)]
     ref = nn.Sequential(*layers).to(dev)
-    for p in ref.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
+    grads = [torch.randn_like(p) * 1e-3 for p in ref.parameters()]
     models = {k: copy.deepcopy(ref) for k in ("loop", "flat", "foreach", "fused")}
+    for m in models.values():  # deepcopy does not copy .grad: give every copy the same gradients
+        for p, g in zip(m.parameters(), grads):
+            p.grad = g.clone()
     flatten_parameters_(models["flat"])
     opts = {
         "loop": torch.optim.AdamW(models["loop"].parameters(), lr=1e-3, foreach=False),
