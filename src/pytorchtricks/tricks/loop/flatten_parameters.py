@@ -9,8 +9,11 @@ Caveats: build the optimizer on ``flat_parameters(model)`` and clear gradients w
 ``optimizer.zero_grad(set_to_none=False)`` - setting grads to None (``model.zero_grad()`` default) detaches them
 from the buffer (``flat_parameters`` then raises). Moving the model (``.to``, ``.cuda``, ``.half``) after
 flattening breaks the views: flatten last. Optimizers that use per-tensor norms (LAMB, LARS, Adafactor) see one
-tensor: wrong for them. Verdict: measured against foreach and fused in ``results/loop/`` (``make bench-loop``);
-see the README's training-loop section.
+tensor: wrong for them. Verdict (``make bench-loop``, results/loop-flatten/, AdamW over 384 tensors, 6.4M
+parameters, 2-core Zen 4, shared machine so spreads are wide): median step per-tensor loop 400 ms, foreach 419 ms,
+flattened 49 ms (paired 5.4x [3.0-74.5] over the loop), fused AdamW 29 ms. Fused (CPU kernels since torch 2.4:
+``fast_optimizer(params, "adamw", fused=True)``) was fastest and has none of these caveats: prefer it; flatten
+only where no fused kernel exists for your optimizer.
 See also: fast_optimizer, 对优化器的优化 / contiguous params.
 """
 
