@@ -1,4 +1,4 @@
-"""fast_optimizer: picks foreach on CPU (fused on CUDA), same math as the default loop, clear errors."""
+"""fast_optimizer: picks fused where torch has it (CPU, CUDA), else foreach; same math as the default loop."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_same_updates_as_default_loop(name: str) -> None:
     opt = ptt.fast_optimizer(m.parameters(), name, **kw)
     cls = type(opt)
     ref_opt = cls(ref.parameters(), foreach=False, **kw)
-    assert opt.defaults["foreach"] is True
+    expected = "foreach" if name == "rmsprop" else "fused"  # rmsprop has no fused kernel
+    assert opt.defaults[expected] is True
     x = torch.randn(16, 5)
     for _ in range(3):
         for model, o in ((ref, ref_opt), (m, opt)):
@@ -44,7 +45,10 @@ def test_param_groups_and_explicit_choice_win() -> None:
 
 
 def test_impl_choice() -> None:
-    assert optimizer_impl("adamw", [torch.zeros(1)]) == "foreach"
+    assert optimizer_impl("adamw", [torch.zeros(1)]) == "fused"
+    assert optimizer_impl("rmsprop", [torch.zeros(1)]) == "foreach"
+    assert optimizer_impl("adamw", [torch.zeros(1, dtype=torch.int64)]) == "foreach"
+    assert optimizer_impl("adamw", [torch.zeros(1, device="meta")]) == "foreach"
     assert optimizer_impl("adamw", []) == "foreach"
 
 
