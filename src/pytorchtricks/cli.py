@@ -148,13 +148,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _add_doctor(sub: Any) -> None:
     p = sub.add_parser("doctor", help="diagnose a bottleneck: `ptt doctor data DST`")
     dsub = p.add_subparsers(dest="what", metavar="WHAT")
-    d = dsub.add_parser("data", help="split a batch's time into read/decode/augment/collate/host->device/wait")
+    d = dsub.add_parser(
+        "data", help="split a batch's time into read/decode/augment/collate/host->device/wait"
+    )
     d.add_argument("path", help="an ImageFolder tree or a folder made by `ptt pack`")
     d.add_argument("--batch-size", type=int, default=64)
     d.add_argument("--batches", type=int, default=4, help="batches to time (default: %(default)s)")
     d.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size; 0 keeps the stored size")
     d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: one per core)")
-    d.add_argument("--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict")
+    d.add_argument(
+        "--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict"
+    )
     d.add_argument("--device", default="cpu", help="where batches go (host->device is timed)")
     p.set_defaults(handler=_cmd_doctor)
 
@@ -175,7 +179,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         step_time_s=args.step_time,
         device=args.device,
     )
-    table = Table(title=f"ptt doctor data {args.path}  (batch {r.batch_size}, {r.batches} batches, one process)")
+    table = Table(
+        title=f"ptt doctor data {args.path}  (batch {r.batch_size}, {r.batches} batches, one process)"
+    )
     for col in ("stage", "ms / batch", "share"):
         table.add_column(col, justify="right" if col != "stage" else "left")
     for name, ms, share in r.rows():
@@ -198,16 +204,25 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _add_tune(sub: Any) -> None:
-    p = sub.add_parser("tune", help="diagnose, A/B-measure every applicable trick, combine the winners, write a receipt")
-    p.add_argument("--model", help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18)")
-    p.add_argument("--data", help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)")
+    p = sub.add_parser(
+        "tune", help="diagnose, A/B-measure every applicable trick, combine the winners, write a receipt"
+    )
+    p.add_argument(
+        "--model", help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18)"
+    )
+    p.add_argument(
+        "--data",
+        help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="default: 32")
     p.add_argument("--input-size", type=int, default=None, help="image side in pixels (default: 64)")
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 160)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)")
+    p.add_argument(
+        "--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)"
+    )
     p.set_defaults(handler=_cmd_tune)
 
 
@@ -446,13 +461,17 @@ def _cmd_memory(args: argparse.Namespace) -> int:
 
 
 def _add_optimize(sub: Any) -> None:
-    p = sub.add_parser("optimize", help="unshare -> fuse -> reparameterize -> quantize/compile, safety-checked")
+    p = sub.add_parser(
+        "optimize", help="unshare -> fuse -> reparameterize -> quantize/compile, safety-checked"
+    )
     p.add_argument("model", help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
     p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
     p.add_argument("--int8", action="store_true", help="static int8 (PT2E x86 / FX) instead of fp32 compile")
     p.add_argument("--calibrate", metavar="DIR", help="folder of .jpg/.png images for int8 calibration")
     p.add_argument("--export", choices=("onnx",), help="write ONNX (checked against ONNX Runtime) instead")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (faster to run, slower result)")
+    p.add_argument(
+        "--no-compile", action="store_true", help="skip torch.compile (faster to run, slower result)"
+    )
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default: %(default)s)")
     p.add_argument("--out", help="save the result: state dict + FILE.json rebuild recipe, or the .onnx file")
     p.set_defaults(handler=_cmd_optimize)
@@ -471,7 +490,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     model = load_model(args.model).eval()
     calib = opt_mod.load_calibration(args.calibrate, shape) if args.calibrate else None
     if args.int8 and calib is None:
-        print("note: no --calibrate DIR given: int8 ranges come from random inputs (SQNR measured on them too)")
+        print(
+            "note: no --calibrate DIR given: int8 ranges come from random inputs (SQNR measured on them too)"
+        )
     x = calib[0] if calib else torch.randn(*shape)
     res = opt_mod.optimize(model, x, int8=args.int8, calibration=calib, compile=not args.no_compile)
     opt_mod.time_stages(res, x, rounds=args.rounds)
@@ -484,14 +505,18 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         table.add_row(st.name, st.status, speed, sq, f"{st.max_abs_diff:.2e}")
     console = _console()
     console.print(table)
-    console.print(f"interleaved rounds: {args.rounds}; {torch.get_num_threads()} threads; torch {torch.__version__}")
+    console.print(
+        f"interleaved rounds: {args.rounds}; {torch.get_num_threads()} threads; torch {torch.__version__}"
+    )
     if args.out and args.export == "onnx":
         from pytorchtricks.tricks.model.export_onnx import export_onnx, quantize_onnx_static
 
         rep = export_onnx(res.fp32_model, x, args.out)
         console.print(f"wrote {args.out} (ONNX Runtime vs PyTorch max abs diff {rep.max_abs_diff:.2e})")
         if args.int8:
-            q_path = args.out[: -len(".onnx")] + ".int8.onnx" if args.out.endswith(".onnx") else args.out + ".int8"
+            q_path = (
+                args.out[: -len(".onnx")] + ".int8.onnx" if args.out.endswith(".onnx") else args.out + ".int8"
+            )
             quantize_onnx_static(args.out, q_path, calib or [x])
             console.print(f"wrote {q_path} (ONNX Runtime static int8, QDQ)")
     elif args.out:
