@@ -166,13 +166,9 @@ class _StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg
 
 
 def _init_worker(_: int) -> None:
-    torch.set_num_threads(1)  # one process per core already: threads inside workers only oversubscribe
-    try:
-        import cv2
-
-        cv2.setNumThreads(1)
-    except ImportError:
-        pass
+    # One process per core already: threads inside workers only oversubscribe. OpenCV's thread count is left
+    # alone: cv2.setNumThreads in a forked child deadlocks when the parent's OpenCV pool was busy at fork time.
+    torch.set_num_threads(1)
 
 
 class Loader:
