@@ -194,7 +194,8 @@ def batch_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
             "(input)",
             f"batch size {b} is not a multiple of 8, so matmul/conv tiles over the batch are partly empty.",
             f"up to {1 - b / (math.ceil(b / 8) * 8):.0%} of tile work wasted",
-            f"use batch {math.ceil(b / 8) * 8} or {max(8, b // 8 * 8)}; ptt.find_batch_size picks the fastest that fits",
+            f"use batch {' or '.join(str(c) for c in sorted({math.ceil(b / 8) * 8, max(8, b // 8 * 8)}))}; "
+            "ptt.find_batch_size picks the fastest that fits",
         )
     ]
 
