@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import train_step_case
 
 __all__ = ["freeze_", "unfreeze_"]
 
@@ -109,23 +110,9 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     base = net()
     treated = freeze_(copy.deepcopy(base), keep=["8"])
     x = torch.randn(batch, 3, px, px, device=dev)
-    opts = {
-        id(m): torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
-        for m in (base, treated)
-    }
-
-    def step(m: nn.Module) -> torch.Tensor:
-        out = m(x)
-        out.square().mean().backward()
-        opts[id(m)].step()
-        opts[id(m)].zero_grad(set_to_none=True)
-        return out.detach()
-
-    return BenchCase(
-        baseline=lambda: step(base),
-        treated=lambda: step(treated),
-        items_per_call=batch,
-        unit="images",
-        device=str(dev),
+    return train_step_case(
+        base,
+        treated,
+        x,
         description=f"2-conv CNN train step, batch {batch}, {px}px: all trainable vs frozen backbone",
     )

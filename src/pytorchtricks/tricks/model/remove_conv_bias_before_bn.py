@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
+from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.model._successors import successors
 
 __all__ = ["remove_conv_bias_before_bn_"]
@@ -80,20 +81,6 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     base = net().to(dev)
     treated = remove_conv_bias_before_bn_(copy.deepcopy(base))
     x = torch.randn(batch, 3, px, px, device=dev)
-    opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.01) for m in (base, treated)}
-
-    def step(m: nn.Module) -> torch.Tensor:
-        out = m(x)
-        out.square().mean().backward()
-        opts[id(m)].step()
-        opts[id(m)].zero_grad(set_to_none=True)
-        return out.detach()
-
-    return BenchCase(
-        baseline=lambda: step(base),
-        treated=lambda: step(treated),
-        items_per_call=batch,
-        unit="images",
-        device=str(dev),
-        description=f"4x Conv3x3({width})->BN->ReLU train step, batch {batch}, {px}px",
+    return train_step_case(
+        base, treated, x, description=f"4x Conv3x3({width})->BN->ReLU train step, batch {batch}, {px}px"
     )

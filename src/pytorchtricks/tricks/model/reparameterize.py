@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import inference_case
 from pytorchtricks.tricks.model._rep_blocks import ACBlock, RepVGGBlock, repvgg_net
 
 __all__ = ["reparameterize_", "RepVGGBlock", "ACBlock"]
@@ -82,16 +83,10 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     treated = reparameterize_(copy.deepcopy(base))
     x = torch.randn(batch, 3, hw, hw, device=device)
 
-    def run(m: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return m(x)
-
-    return BenchCase(
-        baseline=lambda: run(base),
-        treated=lambda: run(treated),
-        items_per_call=batch,
-        unit="images",
-        device=device,
+    return inference_case(
+        base,
+        treated,
+        x,
         description=f"RepVGG net widths {widths} depths {depths}, {hw}px, batch {batch}",
         check=lambda a, b: torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4),
     )
