@@ -11,27 +11,38 @@ from pytorchtricks.core import BenchCase
 
 
 def train_step_case(
-    base: nn.Module, treated: nn.Module, x: torch.Tensor, *, description: str, lr: float = 0.01
+    base: nn.Module,
+    treated: nn.Module,
+    x: torch.Tensor,
+    *,
+    description: str,
+    lr: float | None = 0.01,
+    unit: str = "images",
+    check: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> BenchCase:
-    """One SGD step (forward, squared-output loss, backward, step, zero_grad) on ``base`` vs ``treated``."""
+    """A training step (forward, squared-output loss, backward, SGD step unless ``lr=None``, zero_grad)."""
     opts = {
-        id(m): torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr) for m in (base, treated)
+        id(m): torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr)
+        for m in (base, treated)
+        if lr is not None
     }
 
     def step(m: nn.Module) -> torch.Tensor:
         out = m(x)
         out.square().mean().backward()
-        opts[id(m)].step()
-        opts[id(m)].zero_grad(set_to_none=True)
+        if lr is not None:
+            opts[id(m)].step()
+        m.zero_grad(set_to_none=True)
         return out.detach()
 
     return BenchCase(
         baseline=lambda: step(base),
         treated=lambda: step(treated),
         items_per_call=x.shape[0],
-        unit="images",
+        unit=unit,
         device=str(x.device),
         description=description,
+        check=check,
     )
 
 

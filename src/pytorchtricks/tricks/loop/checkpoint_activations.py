@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pytorchtricks.bench.measure import SavedTensorMeter, peak_memory
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.loop._checkpoint_planner import (
     CheckpointPlan,
     cost,
@@ -359,21 +360,12 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     x = torch.randn(batch, width, device=dev)
     treated = checkpoint_activations_(copy.deepcopy(base), example_inputs=x)
 
-    def step(m: nn.Module) -> torch.Tensor:
-        out = m(x)
-        out.square().mean().backward()
-        m.zero_grad(set_to_none=True)
-        return out.detach()
-
-    def check(a: torch.Tensor, b: torch.Tensor) -> None:
-        torch.testing.assert_close(b, a)
-
-    return BenchCase(
-        baseline=lambda: step(base),
-        treated=lambda: step(treated),
-        items_per_call=batch,
+    return train_step_case(
+        base,
+        treated,
+        x,
+        lr=None,
         unit="samples",
-        device=str(dev),
         description=f"{depth}-block residual MLP width {width}, batch {batch}: train step, unchecked vs sqrt(N) plan",
-        check=check,
+        check=lambda a, b: torch.testing.assert_close(b, a),
     )

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.model._successors import set_submodule, successors
 
 __all__ = ["to_inplace_abn_", "InPlaceABN"]
@@ -194,21 +195,11 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     treated = to_inplace_abn_(copy.deepcopy(base))
     x = torch.randn(batch, 3, px, px, device=dev)
 
-    def step(m: nn.Module) -> torch.Tensor:
-        out = m(x)
-        out.square().mean().backward()
-        m.zero_grad(set_to_none=True)
-        return out.detach()
-
-    def check(a: torch.Tensor, b: torch.Tensor) -> None:
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-
-    return BenchCase(
-        baseline=lambda: step(base),
-        treated=lambda: step(treated),
-        items_per_call=batch,
-        unit="images",
-        device=str(dev),
+    return train_step_case(
+        base,
+        treated,
+        x,
+        lr=None,
         description=f"4x Conv->BN->LeakyReLU train step, batch {batch}, {px}px",
-        check=check,
+        check=lambda a, b: torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4),
     )

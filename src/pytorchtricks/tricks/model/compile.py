@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.tricks._cases import inference_case
 
 __all__ = ["compile_"]
 
@@ -157,19 +158,10 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     treated = compile_(copy.deepcopy(base), for_inference=True)
     x = torch.randn(batch, 3, px, px, device=dev)
 
-    def run(m: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return m(x)
-
-    def check(a: torch.Tensor, b: torch.Tensor) -> None:
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
-
-    return BenchCase(
-        baseline=lambda: run(base),
-        treated=lambda: run(treated),
-        items_per_call=batch,
-        unit="images",
-        device=str(dev),
+    return inference_case(
+        base,
+        treated,
+        x,
         description=f"2-conv CNN inference, batch {batch}, {px}px, eager vs compiled (freezing on CPU)",
-        check=check,
+        check=lambda a, b: torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3),
     )
