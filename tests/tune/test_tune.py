@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import pytorchtricks.tune.receipt as receipt
 from pytorchtricks.bench.measure import _cpu_info
 from pytorchtricks.tune.diagnose import diagnose
-from pytorchtricks.tune.engine import Progress, tune_model
+from pytorchtricks.tune.engine import DATA_TRICKS, Progress, tune_model
+from pytorchtricks.tune.runner import Runner, make_loader, stage_batches
 from pytorchtricks.tune.workload import build_workload
 
 
@@ -36,7 +38,8 @@ def test_reduced_tune_end_to_end(tmp_path, models_file):
     assert len(cands) == len(res.candidates) and all(r["reason"] for r in cands if r["status"] != "kept")
     assert all(r["status"] in ("kept", "rejected", "skipped", "failed") for r in cands)
     for r in cands:  # every measured candidate passed its check first and carries its spread
-        if r["measured"]:
+        if r["measured"]:  # loader settings timed on the whole step, model tricks on the compute step
+            assert r["measured"]["scope"] == ("step" if r["name"] in DATA_TRICKS else "compute")
             assert (
                 r["check"]["passed"]
                 and r["measured"]["ratio_q1"] <= r["measured"]["ratio"] <= r["measured"]["ratio_q3"]
@@ -69,6 +72,35 @@ def test_planted_problems_are_diagnosed(tmp_path, models_file, jpegs):
     assert set(diag.split_s) == {"data wait", "host->device", "forward", "backward", "optimizer"}
     assert diag.memory["params_bytes"] > 0 and diag.memory["activations_bytes"] > 0
     assert {"read file", "decode", "resize", "collate"} <= set(diag.data_stages_s)
+    doc = diag.data_doctor  # ptt.doctor_data ran on the PNG folder with make_loader's pipeline
+    assert doc is not None and set(doc["stages_ms_per_batch"]) == {
+        "read",
+        "decode",
+        "augment",
+        "collate",
+        "host_to_device",
+    }
+    assert doc["stages_ms_per_batch"]["decode"] > 0 and doc["loader_images_per_s"] > 0 and doc["verdict"]
+
+
+def test_synthetic_data_has_no_data_doctor(models_file):
+    w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16)
+    diag = diagnose(w, budget_s=4)
+    assert diag.data_doctor is None and any("data doctor not run" in n for n in diag.notes)
+
+
+def test_staged_runner_cycles_its_batches_without_a_loader(models_file):
+    w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=4, input_size=16)
+    staged = stage_batches(w, 2)
+    r = Runner(w, (), batches=staged)
+    try:
+        assert r._loader is None
+        got = [r.next_batch() for _ in range(5)]
+        assert [g is staged[i % 2] for i, g in enumerate(got)] == [True] * 5
+        assert torch.equal(staged[0][0], next(iter(make_loader(w, 0)))[0])  # the loader's first batch
+        r.step()
+    finally:
+        r.close()
 
 
 class _StopAt(Progress):

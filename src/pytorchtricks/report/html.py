@@ -91,9 +91,11 @@ def _throughput_rows(p: dict[str, Any]) -> list[dict[str, Any]]:
     items = p["workload"]["batch_size"]
     kept = set(p.get("recommended") or [])
     source = p.get("final") or []
-    if not source:  # no verification run (interrupted or no winner): the candidate run
-        base = p.get("baseline")
-        source = ([base] if base else []) + [c["measured"] for c in p["candidates"] if c.get("measured")]
+    if not source:  # no verification run (interrupted or no winner): the candidate runs
+        bases = [b for b in (p.get("baseline"), p.get("step_baseline")) if b]
+        source = [b for i, b in enumerate(bases) if b not in bases[:i]]
+        source += [c["measured"] for c in p["candidates"] if c.get("measured")]
+    scopes = {m.get("scope", "step") for m in source}
     rows = []
     for m in source:
         label = (
@@ -105,6 +107,8 @@ def _throughput_rows(p: dict[str, Any]) -> list[dict[str, Any]]:
         )
         if label == "combined":
             label = "combined: " + " + ".join(m["tricks"])
+        if len(scopes) > 1:
+            label += f" ({m.get('scope', 'step')})"
         rows.append(
             {
                 "label": label,
@@ -142,7 +146,8 @@ def _candidates(p: dict[str, Any]) -> str:
                 f"<code>{_e(c['name'])}</code>",
                 f"<span class='{_e(c['status'])}'>{_e(c['status'])}</span>",
                 "exact" if c["exact"] else "approximate",
-                _ratio(m),
+                _ratio(m)
+                + (" <span class='muted'>compute step</span>" if m and m.get("scope") == "compute" else ""),
                 f"{p['workload']['batch_size'] / m['median_s']:.1f}" if m else "-",
                 _mib(m.get("peak_bytes")) if m else "-",
                 _e(chk["detail"]) if chk else "-",
@@ -204,6 +209,15 @@ def _diagnosis(p: dict[str, Any]) -> str:
     if mem.get("top_modules"):
         tops = "; ".join(_e(t) for t in mem["top_modules"])
         out.append(f"<p>Largest saved activations (ptt.memory_breakdown): {tops}</p>")
+    doc = d.get("data_doctor")
+    if doc:
+        stages = ", ".join(f"{_e(k)} {v:.1f} ms" for k, v in doc["stages_ms_per_batch"].items())
+        out.append(
+            f"<p>Data doctor (<code>ptt.doctor_data</code>: <code>ptt.make_loader</code> on these files, "
+            f"batch {doc['batch_size']}, {doc['num_workers']} workers): {stages} per batch in one process; "
+            f"the loader gives {doc['loader_images_per_s']:.0f} images/s. {_e(doc['verdict'])}. "
+            f"First fix: {_e(doc['fix'])}.</p>"
+        )
     return "\n".join(out)
 
 

@@ -66,7 +66,7 @@ def throughput(rows: list[dict[str, Any]], unit: str = "images/s") -> str:
     mid = [r["items"] / r["median_s"] for r in rows]
     lo = [m - r["items"] / r["q3_s"] for m, r in zip(mid, rows)]
     hi = [r["items"] / r["q1_s"] - m for m, r in zip(mid, rows)]
-    colors = [BASE if r["label"] == "baseline" else KEPT if r.get("kept") else OTHER for r in rows]
+    colors = [BASE if r["label"].startswith("baseline") else KEPT if r.get("kept") else OTHER for r in rows]
     y = list(range(len(rows)))[::-1]
     ax.barh(y, mid, xerr=[lo, hi], color=colors, capsize=3, error_kw={"elinewidth": 1})
     for yi, m in zip(y, mid):

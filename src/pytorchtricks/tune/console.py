@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytorchtricks.tune.engine import Progress, TuneResult, speedup_text
+from pytorchtricks.tune.engine import SCOPES, Progress, TuneResult, speedup_text
 
 
 class RichProgress(Progress):
@@ -62,14 +62,18 @@ def receipt_table(res: TuneResult) -> Any:
     for col in ("trick", "status", "speed vs baseline", "images/s", "check", "why"):
         table.add_column(col, overflow="fold")
     style = {"kept": "green", "rejected": "red", "failed": "red", "skipped": "dim"}
-    if res.baseline is not None:
-        table.add_row("baseline", "", "1.00x", f"{res.baseline.items_per_s:.1f}", "", "reference")
+    two = res.step_baseline is not None and res.step_baseline is not res.baseline
+    for b in [res.baseline, res.step_baseline if two else None]:
+        if b is None:
+            continue
+        label = f"baseline ({SCOPES[b.scope]})" if two else "baseline"
+        table.add_row(label, "", "1.00x", f"{b.items_per_s:.1f}", "", "reference")
     for c in res.candidates:
         m = c.measured
         table.add_row(
             c.name,
             f"[{style[c.status]}]{c.status}[/]" if c.status in style else c.status,
-            speedup_text(m),
+            speedup_text(m) + (f" ({SCOPES[m.scope]})" if m is not None and m.scope != "step" else ""),
             f"{m.items_per_s:.1f}" if m else "-",
             ("ok" if c.check.passed else "FAILED") if c.check else "-",
             c.reason,

@@ -45,6 +45,9 @@ class Diagnosis:
     has_conv2d: bool
     bf16_native: bool
     notes: list[str] = field(default_factory=list)
+    data_doctor: dict[str, Any] | None = (
+        None  # ptt.doctor_data on the workload's files: ptt.make_loader's view
+    )
 
 
 def bf16_native(device: torch.device) -> bool:
@@ -136,6 +139,58 @@ def data_stages(w: Workload, n: int = 48) -> dict[str, float]:
     with sw.stage("collate"):
         torch.stack(items)
     return {k: v / n for k, v in sw.totals_s.items()}
+
+
+def data_source(w: Workload) -> str | None:
+    """The folder the workload's images come from (an image folder or a ``ptt pack``), or None (synthetic)."""
+    ds = w.dataset
+    if isinstance(ds, ImageFolderData):
+        return ds.root
+    return getattr(ds, "source", None)
+
+
+def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: float) -> tuple[dict | None, str]:
+    """``ptt.doctor_data`` on the workload's files with ``ptt.make_loader`` (crop to the input size, the tune's
+    worker count), judged against the measured compute step: what the fast loader would do on this data.
+
+    Returns (summary or None, why it was skipped). ``data_s`` (seconds per batch of the in-process loader) sizes
+    the cost: about 6 batches of decoding plus worker start-up.
+    """
+    doctor = ptt_function("doctor_data")
+    src = data_source(w)
+    if doctor is None:
+        return None, "ptt.doctor_data is not available in this build"
+    if src is None:
+        return None, "the data is generated in memory: no files to read or decode"
+    if w.device.type != "cpu" and w.device.type != "cuda":
+        return None, f"the data doctor measures host->device copies to CPU or CUDA, not {w.device.type}"
+    batch = min(w.batch_size, len(w.dataset) // 3)  # type: ignore[arg-type]
+    if batch < 1:
+        return None, "too few samples for three batches"
+    if 6 * data_s * batch / w.batch_size + 2 * compute_s + 2.0 > budget_s:
+        return None, f"skipped: it needs more than the {budget_s:.0f} s left for the diagnosis"
+    try:
+        r = doctor(
+            src,
+            batch_size=batch,
+            crop=w.input_size,
+            batches=2,
+            num_workers=loader_workers(),
+            step_time_s=compute_s * batch / w.batch_size,
+            device=w.device,
+        )
+    except Exception as exc:  # the diagnosis goes on without it, saying why
+        return None, f"ptt.doctor_data failed ({type(exc).__name__}: {str(exc)[:160]})"
+    return {
+        "batch_size": batch,
+        "num_workers": r.num_workers,
+        "stages_ms_per_batch": {k: v * 1e3 for k, v in r.stages_s.items()},
+        "total_ms_per_batch": r.total_s * 1e3,
+        "loader_images_per_s": r.loader_images_per_s,
+        "wait_ms_per_batch": None if r.wait_s is None else r.wait_s * 1e3,
+        "verdict": r.verdict,
+        "fix": r.fix,
+    }, ""
 
 
 def step_split(runner: Runner, steps: int, warmup: int = 2) -> tuple[dict[str, float], float]:
@@ -295,6 +350,20 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
             )
         )
     stages = data_stages(w)
+    compute_s = max(step_s - split.get("data wait", 0.0), 1e-4)
+    doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
+    if doctor is None:
+        notes.append(f"data doctor not run: {why}")
+    elif doctor["verdict"].startswith("input-bound"):
+        findings.append(
+            Finding(
+                "input-bound-even-with-make-loader",
+                f"ptt.make_loader(num_workers={doctor['num_workers']})",
+                f"even the fast loader keeps the step waiting ({doctor['verdict']})",
+                doctor["fix"],
+                source="ptt.doctor_data",
+            )
+        )
     return Diagnosis(
         split_s=split,
         step_s=step_s,
@@ -307,4 +376,5 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         has_conv2d=has_conv2d,
         bf16_native=native,
         notes=notes,
+        data_doctor=doctor,
     )

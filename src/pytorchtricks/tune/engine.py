@@ -3,7 +3,9 @@
 Flow (each phase gets a share of the time budget, ``bench.measure.Deadline``):
   1. diagnose - step-time split, findings (lint), memory, data-pipeline stages;
   2. candidates - skip what cannot help (with the reason), check correctness, then measure baseline and every
-     candidate *interleaved* in one ``compare`` (paired per-round ratios, median and IQR);
+     candidate *interleaved* (paired per-round ratios, median and IQR): model tricks on the compute step with a
+     few batches staged in memory (an input-bound loader's time and jitter would otherwise swamp a 1.3x compute
+     gain and make the verdict flip between runs), loader settings on the whole step;
   3. combine - add the winners greedily, best first; each addition is re-measured against the combination without
      it and dropped when its gain vanished, or when the combination fails its correctness check (a conflict);
   4. verify - one last interleaved run of baseline, the combination and each single winner: the combined speedup
@@ -38,13 +40,18 @@ from pytorchtricks.tune.candidates import (
     with_catalogue_metadata,
 )
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
-from pytorchtricks.tune.runner import Runner
+from pytorchtricks.tune.runner import Runner, stage_batches
 from pytorchtricks.tune.workload import Workload, build_workload
 
 MARGIN = 0.05  # a win must clear 1.05x at the first quartile: borderline tricks would flip between runs
 MEMORY_MARGIN = 0.05
 REPORT_RESERVE_S = 8.0
 DEFAULT_BUDGET_S = 160.0  # + imports and workload build: `make demo` ends within 3 minutes
+SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
+DATA_TRICKS = (
+    "loader_workers",
+    "pin_memory",
+)  # measured on the whole step; every other trick on the compute step
 FIX_TRICKS = (
     "remove_conv_bias_before_bn",
 )  # exact fixes of diagnosed problems: kept unless measurably slower
@@ -66,6 +73,7 @@ class Measured:
     rounds: int
     peak_bytes: int | None = None
     peak_method: str | None = None
+    scope: str = "step"  # "step": loader included; "compute": batches staged in memory, loader left out
 
 
 @dataclass
@@ -85,7 +93,10 @@ class TuneResult:
     goal: str
     budget_s: float
     diagnosis: Diagnosis | None = None
-    baseline: Measured | None = None
+    baseline: Measured | None = (
+        None  # of the model tricks' run (compute step) or, without those, the loader run
+    )
+    step_baseline: Measured | None = None  # of the loader settings' run (whole step), when there was one
     candidates: list[CandidateResult] = field(default_factory=list)
     combination: list[dict[str, Any]] = field(default_factory=list)  # the greedy steps
     final: list[Measured] = field(default_factory=list)  # the verification run
@@ -112,7 +123,7 @@ class Progress:
 
 
 def _measured(
-    cmp: Comparison, labels: dict[str, tuple[str, ...]], items: int, mem: dict[str, Any]
+    cmp: Comparison, labels: dict[str, tuple[str, ...]], items: int, mem: dict[str, Any], scope: str
 ) -> dict[str, Measured]:
     out = {}
     for name, v in cmp.variants.items():
@@ -130,6 +141,7 @@ def _measured(
             cmp.rounds,
             m.peak_bytes if m is not None else None,
             m.method if m is not None else None,
+            scope,
         )
     return out
 
@@ -168,14 +180,18 @@ def measure_variants(
     budget_s: float,
     memory: bool = True,
     on_round: Callable[[int], None] | None = None,
+    batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[dict[str, Measured], Comparison]:
-    """Build a Runner per variant and time them interleaved (first variant is the reference)."""
+    """Build a Runner per variant and time them interleaved (first variant is the reference).
+
+    With ``batches`` every variant cycles over those in-memory batches: the compute step alone.
+    """
     plan = plan_rounds(len(variants), step_s, budget_s, memory)
     rounds, min_rt, memory = plan if plan is not None else (3, max(0.05, 0.5 * step_s), False)
     runners: dict[str, Runner] = {}
     try:
         for name, tricks in variants.items():
-            runners[name] = Runner(w, tricks)
+            runners[name] = Runner(w, tricks, batches=batches)
         cmp = compare(
             {n: r.step for n, r in runners.items()},
             baseline=next(iter(variants)),
@@ -190,7 +206,8 @@ def measure_variants(
     finally:
         for r in runners.values():
             r.close()
-    return _measured(cmp, variants, w.batch_size, mem), cmp
+    scope = "compute" if batches is not None else "step"
+    return _measured(cmp, variants, w.batch_size, mem, scope), cmp
 
 
 def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tuple[bool, str]:
@@ -270,7 +287,8 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         prog.advance()
     res.candidates = [rows[c.name] for c in CANDIDATES]  # the receipt lists candidates in catalogue order
     share = 0.5 * _left(dl)
-    while to_measure and plan_rounds(1 + len(to_measure), t, share) is None:
+    t_compute = compute_step_s(diag)
+    while to_measure and _group_plans(to_measure, t, t_compute, share) is None:
         dropped = to_measure.pop()  # lowest priority first
         rows[dropped].status = "skipped"
         rows[
@@ -280,23 +298,65 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         if any(r.status == "skipped" and "time budget" in r.reason for r in rows.values()):
             res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")
         return []
-    variants: dict[str, tuple[str, ...]] = {"baseline": ()} | {n: (n,) for n in to_measure}
-    plan = plan_rounds(len(variants), t, share)
-    assert plan is not None
-    prog.phase(f"measure {len(to_measure)} candidates ({plan[0]} interleaved rounds)", plan[0])
-    meas, _ = measure_variants(w, variants, step_s=t, budget_s=share, on_round=lambda _r: prog.advance())
-    res.baseline = meas["baseline"]
-    winners = []
-    for name in to_measure:
-        cr = rows[name]
-        cr.measured = meas[name]
-        ok, why = _wins(cr.measured, res.baseline, cr.name, goal, cr.exact)
-        cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
-        if ok:
-            winners.append(cr.name)
+    plans = _group_plans(to_measure, t, t_compute, share)
+    assert plans is not None
+    total_rounds = sum(p[0][0] for p in plans.values())
+    prog.phase(f"measure {len(to_measure)} candidates ({total_rounds} interleaved rounds)", total_rounds)
+    meas: dict[str, Measured] = {}
+    for scope, (_, names, t_group, group_share) in plans.items():
+        variants: dict[str, tuple[str, ...]] = {"baseline": ()} | {n: (n,) for n in names}
+        got, _ = measure_variants(
+            w,
+            variants,
+            step_s=t_group,
+            budget_s=group_share,
+            memory=scope == "compute",
+            on_round=lambda _r: prog.advance(),
+            batches=stage_batches(w) if scope == "compute" else None,
+        )
+        base = got.pop("baseline")
+        if scope == "compute" or res.baseline is None:
+            res.baseline = base
+        if scope == "step":
+            res.step_baseline = base
+        for name, m in got.items():
+            cr = rows[name]
+            cr.measured = meas[name] = m
+            ok, why = _wins(m, base, cr.name, goal, cr.exact)
+            if scope == "compute":
+                why += " on the compute step (batches staged in memory)"
+            cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
     res.phases_done.append("candidates")
+    winners = [n for n in to_measure if rows[n].status == "kept"]
     # best first: biggest measured speed ratio (ties by name, so the order is deterministic)
     return sorted(winners, key=lambda n: (-round(meas[n].ratio, 2), n))
+
+
+def compute_step_s(diag: Diagnosis) -> float:
+    """Seconds of a step without waiting for data (what the model tricks act on)."""
+    return max(diag.step_s - diag.split_s.get("data wait", 0.0), 0.05 * diag.step_s, 1e-4)
+
+
+def _group_plans(
+    names: list[str], step_s: float, compute_s: float, budget_s: float
+) -> dict[str, tuple[tuple[int, float, bool], list[str], float, float]] | None:
+    """How to measure ``names`` within ``budget_s``: model tricks on the compute step (scope "compute"), loader
+    settings on the whole step (scope "step"), each group against its own baseline. The budget is split by each
+    group's cost; None when a group does not fit."""
+    groups = {
+        "compute": ([n for n in names if n not in DATA_TRICKS], compute_s),
+        "step": ([n for n in names if n in DATA_TRICKS], step_s),
+    }
+    cost = {k: (1 + len(ns)) * ts for k, (ns, ts) in groups.items() if ns}
+    out = {}
+    for scope, c in cost.items():
+        ns, ts = groups[scope]
+        share = budget_s * c / sum(cost.values())
+        plan = plan_rounds(1 + len(ns), ts, share, memory=scope == "compute")
+        if plan is None:
+            return None
+        out[scope] = (plan, ns, ts, share)
+    return out
 
 
 def _verify_cost_share(dl: Deadline) -> float:

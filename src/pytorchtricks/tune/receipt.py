@@ -56,6 +56,8 @@ def rows(p: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"kind": "tune-diagnosis", **p["diagnosis"]})
     if p.get("baseline"):
         out.append({"kind": "tune-baseline", **p["baseline"]})
+    if p.get("step_baseline") and p["step_baseline"] != p.get("baseline"):
+        out.append({"kind": "tune-baseline", **p["step_baseline"]})
     out += [{"kind": "tune-candidate", **c} for c in p["candidates"]]
     out += [{"kind": "tune-combination-step", **s} for s in p["combination"]]
     out += [{"kind": "tune-verify", **m} for m in p["final"]]

@@ -9,6 +9,7 @@ with every stage timed by a ``Stopwatch`` (the step-time split of the diagnosis)
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,7 +74,13 @@ class Runner:
     """The workload with ``tricks`` applied; ``step()`` runs one timed unit of work (one batch)."""
 
     def __init__(
-        self, w: Workload, tricks: tuple[str, ...] = (), *, seed: int = 0, loader: bool = True
+        self,
+        w: Workload,
+        tricks: tuple[str, ...] = (),
+        *,
+        seed: int = 0,
+        loader: bool = True,
+        batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self.w = w
         self.tricks = tuple(tricks)
@@ -112,12 +119,19 @@ class Runner:
         self.switches = [_need(n) for n in ("enable_cudnn_benchmark", "enable_tf32") if n in on]
         self.num_workers = loader_workers() if "loader_workers" in on else 0
         pin = "pin_memory" in on
-        self._loader = make_loader(w, self.num_workers, seed, pin_memory=pin) if loader else None
+        self._staged = batches  # batches held in memory: the step without its loader (the compute step)
+        self._loader = (
+            make_loader(w, self.num_workers, seed, pin_memory=pin) if loader and batches is None else None
+        )
         self._it: Iterator[Any] | None = None
 
     # -- data
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._staged is not None:
+            if self._it is None:
+                self._it = itertools.cycle(self._staged)
+            return next(self._it)  # type: ignore[no-any-return]
         if self._loader is None:
             raise RuntimeError("this Runner was built without a loader")
         if self._it is None:
@@ -135,7 +149,7 @@ class Runner:
         next timed block would start with free batches and overstate the loader's gain. After draining, the timed
         block starts with an empty queue - if anything, understating it.
         """
-        if self.num_workers > 0:
+        if self.num_workers > 0 and self._staged is None:
             for _ in range(self.num_workers * PREFETCH_FACTOR):
                 self.next_batch()
 
@@ -194,6 +208,12 @@ class Runner:
         self._it = None
         self._loader = None
         self.forward = self.model = self.optimizer = None  # type: ignore[assignment]
+
+
+def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``n`` batches of the in-process loader, held in memory: ``Runner(w, t, batches=...)`` then times
+    only the compute step (host->device, forward, backward, optimizer), without the loader's time and noise."""
+    return list(itertools.islice(iter(make_loader(w, 0)), n))
 
 
 def _need(name: str) -> Any:

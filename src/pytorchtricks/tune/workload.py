@@ -99,6 +99,7 @@ class ShardImages(torch.utils.data.Dataset):
         from pytorchtricks.shards.dataset import ShardDataset
 
         self.shards = ShardDataset(path)
+        self.source = path
         self.size = size
         self.classes = list(self.shards.classes) or ["images"]
         if len(self.shards) == 0:
