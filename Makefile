@@ -13,7 +13,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-compression
+.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -90,7 +90,6 @@ bench-pack: setup data
 
 # Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
 # venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.
-# FFCV is left out: its pip build needs libturbojpeg/opencv dev headers and an old numpy (see README).
 PEERS_VENV := .venv-peers
 PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0
 peers-env: setup
@@ -100,10 +99,24 @@ peers-env: setup
 	printf '%s\n%s\n' "$$core" "$(CURDIR)/src" > $$site/_ptt_core.pth
 	$(PEERS_VENV)/bin/pip install -q $(PEERS_PKGS)
 
+# FFCV in a third environment: its C extension builds from the sdist against Debian's OpenCV and libjpeg-turbo
+# headers (installed through system-deps, as root), and it brings numba and opencv-python, so it gets its own torch
+# (the core pins) and sees pytorchtricks (the benchmark's clock) through a .pth file to src/, written after the
+# install; rich is pytorchtricks' one dependency not already there.
+FFCV_VENV := .venv-ffcv
+FFCV_PKGS := ffcv==1.0.2 numba==0.68.1 numpy==2.4.6 rich
+APT_FFCV := pkg-config libopencv-dev libturbojpeg0-dev
+ffcv-env:
+	$(MAKE) --no-print-directory system-deps APT_DATA= APT_SYSTEM="$(APT_FFCV)"
+	test -x $(FFCV_VENV)/bin/python || python3 -m venv $(FFCV_VENV)
+	$(FFCV_VENV)/bin/pip install -q $(TORCH_PINS) $(FFCV_PKGS)
+	site=$$($(FFCV_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	printf '%s\n' "$(CURDIR)/src" > $$site/_ptt_src.pth
+
 # Every loader on the same photos: RandomResizedCrop 224 + flip -> uint8 batches of 256, 2 workers, 2 epochs.
 # IMAGES=2000 for a quick run; the committed results say which size they come from.
 IMAGES ?= 10000
-bench-data: setup data peers-env
+bench-data: setup data peers-env ffcv-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --out results
 
 # `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
@@ -160,6 +173,11 @@ bench-checkpoint: setup
 INFER_ROUNDS ?= 5
 bench-infer: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(INFER_ROUNDS) --out results/inference_cpu
+
+# Why int8 trails ONNX Runtime at batch 1: one compiled int8 ResNet-18 call split into oneDNN kernel time, op
+# set-up, guard check and the rest of the compiled graph, next to ORT static int8 -> results/int8_breakdown.*
+bench-int8-breakdown: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/int8_breakdown.py --threads 1 2 --out results/int8_breakdown
 
 # Fashion-MNIST accuracy after int8 PTQ, DoReFa W4A4 QAT and 50% channel pruning -> results/compression_accuracy.*
 # (accuracy only, no timing). SUBSET=0 trains on all 60,000 images.

@@ -2,11 +2,11 @@
 
 Every system turns the ``make data`` photos into RandomResizedCrop 224 + horizontal flip -> uint8 NCHW batches of
 256 with 2 workers (threads for DALI), for 2 epochs; epoch 1 (start-up, cold caches) is reported separately from
-epoch 2. Each system runs in its own child process (peers in the separate ``.venv-peers`` environment) so peak
-memory is its own: the proportional set size (PSS: shared pages split between the processes sharing them) of the
-child and its workers, sampled 5 times a second. Pack/convert time is measured once, when the system's input is
-first built. Systems run in rotating order, round after round (interleaved), so drift on a shared machine hits
-every system alike; the table reports medians over rounds.
+epoch 2. Each system runs in its own child process (peers in the separate ``.venv-peers`` environment, FFCV in
+``.venv-ffcv``) so peak memory is its own: the proportional set size (PSS: shared pages split between the
+processes sharing them) of the child and its workers, sampled 5 times a second. Pack/convert time is measured
+once, when the system's input is first built. Systems run in rotating order, round after round (interleaved), so
+drift on a shared machine hits every system alike; the table reports medians over rounds.
 
     make bench-data                          # full size: every image of data/photos (>= 10,000)
     .venv/bin/python benchmarks/data_loading.py --images 2000 --rounds 2
@@ -41,6 +41,12 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "webdataset": ("peers", "WebDataset tar (wds.ShardWriter) + PIL + torchvision transforms"),
     "litdata": ("peers", "LitData optimize + StreamingDataset/StreamingDataLoader + PIL + torchvision"),
     "dali-cpu": ("peers", "DALI CPU pipeline (device_id=None): file reader, image_random_crop, resize, flip"),
+    "ffcv": (
+        "ffcv",
+        "FFCV .beton (RGBImageField write_mode='jpg', the files' JPEG bytes stored as they are, no max_resolution) "
+        "+ Loader (RANDOM order, os_cache, drop_last): RandomResizedCropRGBImageDecoder, flip, "
+        "ToTorchImage(channels_last=False); epoch 1 includes numba compiling the pipeline",
+    ),
 }
 
 
@@ -319,6 +325,77 @@ def sys_dali(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
     return Epoch(), 0.0
 
 
+class _JpegFiles:
+    """(JPEG file bytes, class index) per ImageFolder sample, read lazily: the dataset FFCV's writer converts."""
+
+    def __init__(self, folder: str) -> None:
+        from torchvision.datasets import ImageFolder
+
+        self.samples = ImageFolder(folder).samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, k: int) -> tuple[bytes, int]:
+        path, label = self.samples[k]
+        with open(path, "rb") as fh:
+            return fh.read(), label
+
+
+def _ffcv_keep_jpeg(destination: Any, data: bytes, malloc: Any) -> None:
+    """RGBImageField.encode that stores a file's JPEG bytes as they are (FFCV's own decodes and re-encodes at
+    quality 90); the header gives width and height, decoding stays FFCV's (mode 'jpg', libjpeg-turbo)."""
+    import io
+
+    import numpy as np
+    from ffcv.fields.rgb_image import IMAGE_MODES
+    from PIL import Image
+
+    destination["mode"] = IMAGE_MODES["jpg"]
+    destination["width"], destination["height"] = Image.open(io.BytesIO(data)).size
+    destination["data_ptr"], storage = malloc(len(data))
+    storage[:] = np.frombuffer(data, dtype=np.uint8)
+
+
+def sys_ffcv(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
+    from ffcv.writer import DatasetWriter
+
+    dst = os.path.join(work, f"ffcv-{os.path.basename(folder)}.beton")
+
+    def build() -> None:
+        if os.path.exists(dst):
+            os.remove(dst)
+        image = RGBImageField(write_mode="jpg")  # max_resolution unset: every photo at its own size
+        image.encode = _ffcv_keep_jpeg  # on the instance: the .beton header names a field by its exact class
+        writer = DatasetWriter(dst, {"image": image, "label": IntField()}, num_workers=WORKERS)
+        writer.from_indexed_dataset(_JpegFiles(folder))
+
+    conv = _timed_build(dst + ".convert.json", build)
+    pipelines = {
+        "image": [
+            RandomResizedCropRGBImageDecoder((CROP, CROP)),
+            RandomHorizontalFlip(),
+            ToTensor(),
+            ToTorchImage(channels_last=False),  # dense NCHW like every other system (True: an NHWC view)
+        ],
+        "label": [IntDecoder(), ToTensor()],
+    }
+    loader = Loader(
+        dst,
+        batch_size=BATCH,
+        num_workers=WORKERS,
+        order=OrderOption.RANDOM,
+        drop_last=True,
+        os_cache=True,
+        pipelines=pipelines,
+    )
+    return loader, conv
+
+
 RUNNERS: dict[str, Callable[[str, str], tuple[Iterable[Any], float | None]]] = {
     "imagefolder": sys_imagefolder,
     "ptt-files": sys_ptt_files,
@@ -331,6 +408,7 @@ RUNNERS: dict[str, Callable[[str, str], tuple[Iterable[Any], float | None]]] = {
     "webdataset": sys_webdataset,
     "litdata": sys_litdata,
     "dali-cpu": sys_dali,
+    "ffcv": sys_ffcv,
 }
 
 
@@ -367,10 +445,11 @@ def run_one(system: str, folder: str, work: str, epochs: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ parent
 
 
-def _python_for(env: str, peers_python: str) -> str | None:
+def _python_for(env: str, pythons: dict[str, str]) -> str | None:
+    """The interpreter of a system's environment; None if that environment is not built."""
     if env == "core":
         return sys.executable
-    return peers_python if os.path.exists(peers_python) else None
+    return pythons[env] if os.path.exists(pythons[env]) else None
 
 
 def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, Any], notes: list[str]) -> str:
@@ -432,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/ptt-bench-data")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     ap.add_argument("--peers-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
+    ap.add_argument("--ffcv-python", default=os.path.join(ROOT, ".venv-ffcv", "bin", "python"))
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--note", action="append", default=[], help="a line for the Markdown notes")
     ap.add_argument("--append", action="store_true", help="add rounds to this size's existing results")
@@ -457,9 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     first = 1 + max((int(r["round"]) for r in old), default=-1)
 
     def child(s: str, epochs: int) -> dict[str, Any]:
-        py = _python_for(SYSTEMS[s][0], args.peers_python)
+        env_name = SYSTEMS[s][0]
+        py = _python_for(env_name, {"peers": args.peers_python, "ffcv": args.ffcv_python})
         if py is None:
-            return {"error": "peer environment missing (make peers-env)"}
+            return {"error": f"{env_name} environment missing (make {env_name}-env)"}
         cmd = [py, os.path.abspath(__file__), "--run-one", s, "--folder", folder, "--work", args.work]
         try:
             res = subprocess.run(

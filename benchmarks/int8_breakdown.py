@@ -1,0 +1,184 @@
+"""Where the time of one ``ptt optimize --int8`` ResNet-18 call goes, next to ONNX Runtime static int8.
+
+The inference benchmark (``inference_cpu.py``) finds our int8 behind ONNX Runtime at batch 1. This splits one call
+of the compiled int8 model (PT2E x86 quantizer + inductor freezing) into three parts, measured three ways:
+
+- oneDNN kernel time: the execution times oneDNN itself reports (``ONEDNN_VERBOSE`` exec lines) summed per call;
+- torch op time: the profiler's self time of the quantized ops (``onednn::qconv*``, ``qlinear``, ``max_pool2d``),
+  which is the kernel plus the op's own set-up (primitive-cache lookup, scale tensors, output allocation);
+- the whole call: interleaved timing against ORT's static int8 session (``bench.measure.compare``).
+
+The difference between the whole call and the ops is the compiled graph's own cost (guards, wrapper code, the
+input quantize kernel). Writes results/int8_breakdown.{jsonl,md}. ``make bench-int8-breakdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import os
+import re
+import sys
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from inference_cpu import photos
+
+from pytorchtricks.bench.measure import compare, environment, write_jsonl
+
+EXEC = re.compile(r"^onednn_verbose,.*?,primitive,exec,cpu,.*,([0-9.]+)$")
+
+
+def onednn_exec_ms(fn: Any, x: torch.Tensor, calls: int) -> tuple[float, int]:
+    """(milliseconds of oneDNN primitive execution per call, primitives per call), from oneDNN's verbose log.
+
+    oneDNN prints the log with C stdio to file descriptor 1; it is redirected to a temporary file meanwhile.
+    """
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                for _ in range(calls):
+                    fn(x)
+            libc.fflush(None)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        times = [float(m.group(1)) for line in log.read().decode().splitlines() if (m := EXEC.match(line))]
+    if not times:
+        raise RuntimeError("oneDNN printed no exec lines: this torch build has no oneDNN verbose support")
+    return sum(times) / calls, len(times) // calls
+
+
+def profiled_ms(fn: Any, x: torch.Tensor, calls: int) -> dict[str, float]:
+    """Profiler self time per call (ms) of the quantized ops, the dynamo guard check and everything else."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(x)
+    ops = guard = total = 0.0
+    for e in prof.key_averages():
+        self_ms = e.self_cpu_time_total / 1e3 / calls
+        total += self_ms
+        if e.key.startswith(("onednn::", "quantized::")):
+            ops += self_ms
+        elif e.key == "TorchDynamo Cache Lookup":
+            guard += self_ms
+    return {"quantized_ops_ms": ops, "guard_ms": guard, "profiled_total_ms": total}
+
+
+def run(batch: int, threads: int, rounds: int) -> dict[str, Any]:
+    import torchvision
+
+    import pytorchtricks as ptt
+    from pytorchtricks.bench.optimize import optimize
+    from pytorchtricks.bench.workloads import randomize_bn_
+    from pytorchtricks.tricks.model.export_onnx import OnnxRunner, quantize_onnx_static
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    base = randomize_bn_(torchvision.models.resnet18(weights=None)).eval()
+    calib = photos((batch, 3, 160, 160), batches=max(2, 16 // batch))
+    x = calib[0]
+    ours = optimize(copy.deepcopy(base), x, int8=True, calibration=calib, compile=True).model
+    tmp = tempfile.mkdtemp(prefix="ptt-int8-")
+    fp32, int8 = os.path.join(tmp, "r18.onnx"), os.path.join(tmp, "r18.int8.onnx")
+    ptt.export_onnx(base, x, fp32)
+    quantize_onnx_static(fp32, int8, calib)
+    ort = OnnxRunner(int8, threads=threads)
+    for _ in range(5):
+        ours(x)
+    cmp = compare(
+        {"ORT static int8": lambda: ort(x), "ptt int8": lambda: ours(x)},
+        baseline="ORT static int8",
+        rounds=rounds,
+        min_run_time_s=0.5,
+        num_threads=threads,
+    )
+    kernel_ms, prims = onednn_exec_ms(ours, x, 20)
+    prof = profiled_ms(ours, x, 50)
+    call_ms = cmp["ptt int8"].stats.median_s * 1e3
+    return {
+        "kind": "bench",
+        "benchmark": "int8_breakdown",
+        "model": "resnet18",
+        "px": 160,
+        "batch": batch,
+        "threads": threads,
+        "ort_int8_ms": cmp["ORT static int8"].stats.median_s * 1e3,
+        "ptt_int8_ms": call_ms,
+        "ptt_vs_ort": cmp["ptt int8"].ratio,
+        "ptt_vs_ort_q1": cmp["ptt int8"].ratio_q1,
+        "ptt_vs_ort_q3": cmp["ptt int8"].ratio_q3,
+        "onednn_kernel_ms": kernel_ms,
+        "onednn_primitives_per_call": prims,
+        **prof,
+        "rounds": cmp.rounds,
+        "env": environment("cpu"),
+    }
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    env = rows[0]["env"]
+    out = [
+        "# Where an int8 ResNet-18 call goes: `ptt optimize --int8` vs ONNX Runtime static int8 (160 px)",
+        "",
+        f"{env['device_name']}, torch {env['torch']}, {env['time_utc']}, git {env['git_sha']}. Whole-call times: "
+        "medians of interleaved rounds with ORT; op and kernel times: per call, averaged over 50 profiled / 20 "
+        "verbose-logged calls (`benchmarks/int8_breakdown.py`).",
+        "",
+        "| batch | threads | ORT int8 ms | ptt int8 ms | ptt vs ORT | oneDNN kernels ms | quantized ops ms "
+        "(kernel + op set-up) | guards ms | rest of the call ms | ptt with zero overhead vs ORT |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rest = r["ptt_int8_ms"] - r["quantized_ops_ms"] - r["guard_ms"]
+        out.append(
+            f"| {r['batch']} | {r['threads']} | {r['ort_int8_ms']:.2f} | {r['ptt_int8_ms']:.2f} | "
+            f"{r['ptt_vs_ort']:.2f}x [{r['ptt_vs_ort_q1']:.2f}-{r['ptt_vs_ort_q3']:.2f}] | "
+            f"{r['onednn_kernel_ms']:.2f} ({r['onednn_primitives_per_call']} primitives) | "
+            f"{r['quantized_ops_ms']:.2f} | {r['guard_ms']:.2f} | {rest:.2f} | "
+            f"{r['ort_int8_ms'] / r['onednn_kernel_ms']:.2f}x |"
+        )
+    out += [
+        "",
+        "'rest of the call' = whole call - quantized ops - guard check: the compiled graph's Python wrapper, its "
+        "generated C++ kernels (input quantize, pooling) and allocation. The last column is the ceiling if all "
+        "overhead around oneDNN's kernels vanished.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--threads", type=int, nargs="+", default=[1])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default="results/int8_breakdown")
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    rows = [run(b, t, args.rounds) for b in args.batches for t in args.threads]
+    if os.path.exists(args.out + ".jsonl"):
+        os.remove(args.out + ".jsonl")
+    write_jsonl(args.out + ".jsonl", rows)
+    md = to_markdown(rows)
+    with open(args.out + ".md", "w", encoding="utf-8") as fh:
+        fh.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
