@@ -96,7 +96,11 @@ def main() -> None:
         f"Model: 4 conv blocks with conv bias before BN (`benchmarks/tune_planted.py:planted`), batch {BATCH}, "
         f"{SIZE} px, training; data: 96 real-photo PNG tiles (384 px) decoded per sample by a num_workers=0 loader.",
         f"Hardware: {env['device_name']}, {env['threads']} threads, torch {env['torch']}, flags "
-        f"{', '.join(env['cpu_flags'])}; git {env['git_sha']}; {env['time_utc']}. Machine shared with other jobs.",
+        f"{', '.join(env['cpu_flags'])}; git {env['git_sha']}; {env['time_utc']}; load average at the start of "
+        f"each run: {', '.join(str(p['workload']['loadavg_1m_at_start']) for p in runs)} "
+        f"(OMP_WAIT_POLICY={runs[0]['workload']['omp_wait_policy']}).",
+        "Model tricks are A/B-measured on the compute step (batches staged in memory), loader settings on the "
+        "whole step; the combination and verify runs time the whole step.",
         "Ratios: median of paired per-round ratios over interleaved rounds (IQR in brackets); 'combined' is "
         "re-measured in the same rounds as each single trick, never multiplied.",
         "",
