@@ -524,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytorchtricks.bench.measure import environment, write_jsonl
 
+    args.work = os.path.join(args.work, f"n{args.images}")  # packs of different sizes never share a folder
     os.makedirs(args.work, exist_ok=True)
     folder = subset_folder(args.src, args.images, args.work)
     systems = [s for s in args.systems.split(",") if s]
