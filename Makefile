@@ -116,8 +116,9 @@ ffcv-env:
 # Every loader on the same photos: RandomResizedCrop 224 + flip -> uint8 batches of 256, 2 workers, 2 epochs.
 # IMAGES=2000 for a quick run; the committed results say which size they come from.
 IMAGES ?= 10000
+DATA_ROUNDS ?= 2
 bench-data: setup data peers-env ffcv-env
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --rounds $(DATA_ROUNDS) --out results
 
 # `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
 # both recommendations and the verify run (combined vs each single trick) -> results/tune-planted.{jsonl,md}.
