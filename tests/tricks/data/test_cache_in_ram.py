@@ -82,3 +82,28 @@ def test_streams_are_refused(tmp_path):
 
     with pytest.raises(PttError, match="map-style"):
         cache_in_ram(S(), cache_dir=str(tmp_path))
+
+
+def test_datasets_over_one_folder_share_one_arena_across_processes(jpegs, tmp_path):
+    # the arena's name must not depend on the dataset object: each DDP rank and each later run builds its own
+    # JpegFolder, and JpegFolder.path is a method (its repr carries a memory address)
+    import subprocess
+    import sys
+
+    from pytorchtricks.tricks.data._folder import JpegFolder
+    from pytorchtricks.tricks.data.cache_in_ram import _key
+
+    for raw, i in jpegs:
+        (tmp_path / "photos" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "photos" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(raw)
+    folder = str(tmp_path / "photos")
+    a = cache_in_ram(JpegFolder(folder), size=30, cache_dir=str(tmp_path / "cache"), num_workers=0)
+    b = cache_in_ram(JpegFolder(folder), size=30, cache_dir=str(tmp_path / "cache"), num_workers=0)
+    assert a.path == b.path and len(list((tmp_path / "cache").iterdir())) == 1
+    code = (
+        "from pytorchtricks.tricks.data._folder import JpegFolder\n"
+        "from pytorchtricks.tricks.data.cache_in_ram import _key\n"
+        f"print(_key(JpegFolder({folder!r}), 30, None))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == _key(JpegFolder(folder), 30, None)

@@ -106,11 +106,18 @@ def _estimate(dataset: Any, size: int | None, n_sample: int, seed: int) -> int:
     return int(np.mean(per) * n)
 
 
+def _location(dataset: Any, name: str) -> str:
+    """``dataset.<name>`` when it is a path (a method called ``path`` would print its memory address)."""
+    value = getattr(dataset, name, None)
+    return os.path.abspath(os.fspath(value)) if isinstance(value, str | os.PathLike) else ""
+
+
 def _key(dataset: Any, size: int | None, key: str | None) -> str:
+    """The arena's name: the same for every process (workers, DDP ranks, later runs) that caches this data."""
     ident = (
         key
-        or f"{type(dataset).__module__}.{type(dataset).__qualname__}:{getattr(dataset, 'path', '')}:"
-        f"{getattr(dataset, 'root', '')}:{len(dataset)}"
+        or f"{type(dataset).__module__}.{type(dataset).__qualname__}:{_location(dataset, 'path')}:"
+        f"{_location(dataset, 'root')}:{len(dataset)}"
     )
     return hashlib.sha256(f"{ident}|{size}".encode()).hexdigest()[:16]
 
