@@ -475,7 +475,12 @@ def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, An
         "",
         f"{env.get('cpu')} ({env.get('cpu_count')} cores), torch {env.get('torch')}, {env.get('time_utc')}, "
         f"git {env.get('git_sha')}. Medians over {rounds} interleaved round(s); ratio = images/s over ImageFolder's "
-        "in the same epoch. The machine was shared with other work: treat ratios, not times, as the result.",
+        "in the same epoch."
+        + (
+            f" Load average at the start: {env['loadavg_1m_at_start']}."
+            if env.get("loadavg_1m_at_start") is not None
+            else ""
+        ),
         "",
         "| system | epoch 1 img/s | epoch 2 img/s | x ImageFolder (ep1 / ep2) | pack/convert s | peak PSS MiB "
         "| rounds | batch |",
@@ -515,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--note", action="append", default=[], help="a line for the Markdown notes")
     ap.add_argument("--append", action="store_true", help="add rounds to this size's existing results")
+    ap.add_argument(
+        "--render-only", action="store_true", help="rewrite the .md from the .jsonl, time nothing"
+    )
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -524,11 +532,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytorchtricks.bench.measure import environment, write_jsonl
 
+    if args.render_only:  # rewrite the Markdown from the committed JSONL (e.g. with a --note), no timing
+        with open(os.path.join(args.out, f"data_loading-{args.images}.jsonl")) as fh:
+            done = [json.loads(line) for line in fh if line.strip()]
+        md = _markdown(done, args.images, len({r["round"] for r in done}), done[0]["env"], args.note)
+        with open(os.path.join(args.out, f"data_loading-{args.images}.md"), "w") as fh:
+            fh.write(md)
+        print(md)
+        return 0
+
     args.work = os.path.join(args.work, f"n{args.images}")  # packs of different sizes never share a folder
     os.makedirs(args.work, exist_ok=True)
     folder = subset_folder(args.src, args.images, args.work)
     systems = [s for s in args.systems.split(",") if s]
     env = environment()
+    env["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
     tag = f"data_loading-{args.images}"
     jsonl = os.path.join(args.out, f"{tag}.jsonl")
     old: list[dict[str, Any]] = []
