@@ -66,3 +66,36 @@ def test_cli_prints_the_stage_table_and_verdict(tmp_path, capsys, jpegs):
     for word in ("read", "decode", "augment", "collate", "host_to_device", "wait", "input-bound"):
         assert word in out
     assert main(["doctor", "data", str(tmp_path / "missing")]) == 2
+
+
+class _SlowSamples(torch.utils.data.Dataset):
+    """Each sample takes 5 ms to produce: a loader with one worker cannot beat 20 ms per batch of 4."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.005)
+        return torch.zeros(3, 40, 40, dtype=torch.uint8), i % 2
+
+
+def test_loader_rate_is_not_inflated_by_the_prefetched_queue():
+    # the worker queues batches ahead while the first one is taken; timing those would report a free loader
+    r = doctor_data(_SlowSamples(), batch_size=4, crop=32, batches=2, num_workers=1, step_time_s=None)
+    assert r.loader_batch_s >= 0.5 * 4 * 0.005, r.loader_batch_s
+
+
+def test_a_ptt_pack_folder_is_opened_as_shards(tmp_path, jpegs):
+    import pytorchtricks as ptt
+    from pytorchtricks.shards.dataset import ShardDataset
+
+    src = tmp_path / "photos"
+    for i, (raw, label) in enumerate(jpegs):
+        (src / f"class{label % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"class{label % 2}" / f"{i}.jpg").write_bytes(raw)
+    ptt.pack(str(src), str(tmp_path / "packed"), workers=0)
+    assert isinstance(open_image_dataset(tmp_path / "packed"), ShardDataset)
+    r = doctor_data(tmp_path / "packed", batch_size=8, crop=64, batches=2, num_workers=0)
+    assert r.stages_s["decode"] > 0

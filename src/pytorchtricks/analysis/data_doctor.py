@@ -75,7 +75,7 @@ def open_image_dataset(path: str | os.PathLike[str]) -> Any:
         if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in os.listdir(d)):
             return JpegFolder(path)
     try:
-        from pytorchtricks.shards import ShardDataset  # type: ignore[attr-defined]
+        from pytorchtricks.shards.dataset import ShardDataset
     except ImportError as exc:
         raise PttError(f"{path!r} is not an ImageFolder tree and shard reading is not available.") from exc
     return ShardDataset(path)
@@ -135,9 +135,20 @@ def _serial(
     return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches
 
 
-def _loader_times(loader: Any, batches: int, step_time_s: float | None) -> tuple[float, float | None]:
+def _loader_times(
+    loader: Any, batches: int, step_time_s: float | None, prefetched: int = 0
+) -> tuple[float, float | None]:
+    """(seconds per batch with nothing else running, wait per batch beside a step of ``step_time_s``).
+
+    Workers fill a queue of ``prefetched`` batches ahead of the loop; those come for free, so they are taken
+    untimed first (as far as the epoch allows) and the clock starts at the next batch's arrival.
+    """
     it = iter(loader)
     next(it)  # worker start-up and the first prefetch are not the steady state
+    spare = len(loader) - 2 - (2 if step_time_s is not None else 1) * batches
+    for _ in range(max(0, min(prefetched, spare))):
+        next(it)
+    next(it)  # the queue is empty now: time from one arrival to the next ones
     t0 = now_s()
     n = 0
     for _ in range(batches):
@@ -176,7 +187,7 @@ def doctor_data(
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
 
     Example:
-        >>> ds = [(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 0) for _ in range(16)]
+        >>> ds = [(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 0) for _ in range(20)]
         >>> r = ptt.doctor_data(ds, batch_size=4, crop=32, batches=2, num_workers=0, step_time_s=0.0)
         >>> sorted(r.stages_s) == sorted(["read", "decode", "augment", "collate", "host_to_device"])
         True
@@ -184,16 +195,18 @@ def doctor_data(
     from pytorchtricks.tricks.data.make_loader import make_loader
 
     dataset = open_image_dataset(data) if isinstance(data, str | os.PathLike) else data
-    if len(dataset) < batch_size * (batches + 1):
+    need = batch_size * (batches + (2 if step_time_s is None else 3))
+    if len(dataset) < need:
         raise PttError(
-            f"need at least {batch_size * (batches + 1)} samples for {batches} batches of {batch_size} "
-            f"(+1 warm-up); got {len(dataset)}. Lower batch_size or batches."
+            f"need at least {need} samples for {batches} batches of {batch_size} (+2 warm-up"
+            f"{', +1 beside the step' if step_time_s is not None else ''}); got {len(dataset)}. "
+            "Lower batch_size or batches."
         )
     dev = resolve_device(device)
     stages, total = _serial(dataset, batch_size, batches, crop, dev)
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
-    loader_s, wait = _loader_times(loader, batches, step_time_s)
+    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers)  # prefetch_factor 2
     worst = max(stages, key=lambda k: stages[k])
     notes = []
     if step_time_s is None:

@@ -164,9 +164,9 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
         return None, "the data is generated in memory: no files to read or decode"
     if w.device.type != "cpu" and w.device.type != "cuda":
         return None, f"the data doctor measures host->device copies to CPU or CUDA, not {w.device.type}"
-    batch = min(w.batch_size, len(w.dataset) // 3)  # type: ignore[arg-type]
+    batch = min(w.batch_size, len(w.dataset) // 8)  # type: ignore[arg-type]  # 2 timed + 2 warm-up + queue
     if batch < 1:
-        return None, "too few samples for three batches"
+        return None, "too few samples for eight batches"
     if 6 * data_s * batch / w.batch_size + 2 * compute_s + 2.0 > budget_s:
         return None, f"skipped: it needs more than the {budget_s:.0f} s left for the diagnosis"
     try:
