@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import warnings
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 
 import pytorchtricks as ptt
 from pytorchtricks.bench import fashion_mnist as fm
-from pytorchtricks.bench.measure import environment, write_jsonl
+from pytorchtricks.bench.measure import environment, write_results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         }
         for k, v in acc.items()
     ]
-    if os.path.exists(args.out + ".jsonl"):
-        os.remove(args.out + ".jsonl")
-    write_jsonl(args.out + ".jsonl", rows)
     lines = [
         "# Fashion-MNIST test accuracy after compression",
         "",
@@ -75,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         *[f"| {r['variant']} | {r['top1_pct']:.2f} | {r['drop_pts']:+.2f} |" for r in rows],
         "",
     ]
-    with open(args.out + ".md", "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines))
+    write_results(args.out, rows, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pytorchtricks.analysis.safety import reference_outputs, sqnr_db
-from pytorchtricks.bench.measure import compare, environment, write_jsonl
+from pytorchtricks.bench.measure import compare, environment, write_results
 
 PHOTO_GLOBS = (
     "/usr/share/backgrounds/*.jpg",
@@ -191,12 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = run(args)
-    if os.path.exists(args.out + ".jsonl"):
-        os.remove(args.out + ".jsonl")  # one run per file: the Markdown quotes exactly these rows
-    write_jsonl(args.out + ".jsonl", rows)
     md = to_markdown(rows)
-    with open(args.out + ".md", "w", encoding="utf-8") as fh:
-        fh.write(md)
+    write_results(args.out, rows, md)
     print(md)
     return 0
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from inference_cpu import photos
 
-from pytorchtricks.bench.measure import compare, environment, write_jsonl
+from pytorchtricks.bench.measure import compare, environment, write_results
 
 EXEC = re.compile(r"^onednn_verbose,.*?,primitive,exec,cpu,.*,([0-9.]+)$")
 
@@ -170,12 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = [run(b, t, args.rounds) for b in args.batches for t in args.threads]
-    if os.path.exists(args.out + ".jsonl"):
-        os.remove(args.out + ".jsonl")
-    write_jsonl(args.out + ".jsonl", rows)
     md = to_markdown(rows)
-    with open(args.out + ".md", "w", encoding="utf-8") as fh:
-        fh.write(md)
+    write_results(args.out, rows, md)
     print(md)
     return 0
 

@@ -144,3 +144,15 @@ def test_environment_fingerprint_and_jsonl(tmp_path) -> None:
     lines = path.read_text().splitlines()
     assert json.loads(lines[0])["env"]["torch"] == torch.__version__
     assert json.loads(lines[1])["b"] == "cpu"
+
+
+def test_write_results_replaces_the_pair(tmp_path):
+    from pytorchtricks.bench.measure import write_results
+
+    stem = tmp_path / "sub" / "bench"
+    (tmp_path / "sub").mkdir()
+    write_results(stem, [{"a": 1}, {"a": 2}], "# first\n")
+    write_results(stem, [{"a": 3}], "# second\n")  # a second run replaces, it does not append
+    assert (tmp_path / "sub" / "bench.jsonl").read_text().splitlines() == ['{"a": 3}']
+    assert (tmp_path / "sub" / "bench.md").read_text() == "# second\n"
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["bench.jsonl", "bench.md"]

@@ -470,6 +470,21 @@ def write_jsonl(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> Non
             fh.write(json.dumps(row, default=_json_default, sort_keys=True) + "\n")
 
 
+def write_results(stem: str | os.PathLike[str], rows: list[dict[str, Any]], markdown: str) -> None:
+    """One benchmark run's results: ``STEM.jsonl`` (replaced, not appended: the Markdown quotes exactly these
+    rows) and ``STEM.md``; each written to a temporary file and renamed, so an interrupted run leaves the old pair.
+    """
+    stem = os.fspath(stem)
+    tmp = f"{stem}.tmp{os.getpid()}"
+    if os.path.exists(tmp + ".jsonl"):
+        os.remove(tmp + ".jsonl")
+    write_jsonl(tmp + ".jsonl", rows)
+    with open(tmp + ".md", "w", encoding="utf-8") as fh:
+        fh.write(markdown)
+    os.replace(tmp + ".jsonl", stem + ".jsonl")
+    os.replace(tmp + ".md", stem + ".md")
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return asdict(obj)
