@@ -13,6 +13,7 @@ from PIL import Image
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.tricks.data._images import resize_hwc, rrc_box
 from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
 
 N = 37  # prime: no batch size or world size divides it
@@ -106,6 +107,26 @@ def test_flip_is_exact_mirror_and_both_outcomes_occur():
             else:
                 assert torch.equal(x[k], src)
     assert 5 < flipped < 35
+
+
+def test_decoded_crop_written_into_the_batch_equals_the_plain_path():
+    # decoded pixels (RAM cache, tensors) are resized straight into the batch slot and flipped in place there
+    from pytorchtricks.tricks.data._images import SampleMaker, sample_rng
+
+    g = torch.Generator().manual_seed(2)
+    maker = SampleMaker((16, 20), (0.08, 1.0), (3 / 4, 4 / 3), True)
+    slot = np.empty((16, 20, 3), dtype=np.uint8)
+    flips = 0
+    for i in range(30):
+        img = torch.randint(0, 256, (3, 37, 45), dtype=torch.uint8, generator=g)
+        plain = maker(img, sample_rng(0, 0, i))
+        into = maker(img, sample_rng(0, 0, i), out=slot)
+        assert into is slot and np.array_equal(slot, plain)
+        t, lf, h, w = rrc_box(37, 45, (0.08, 1.0), (3 / 4, 4 / 3), sample_rng(0, 0, i))
+        unflipped = resize_hwc(img.permute(1, 2, 0).numpy()[t : t + h, lf : lf + w], (16, 20))
+        flips += not np.array_equal(plain, unflipped)
+        assert np.array_equal(plain, unflipped) or np.array_equal(plain, unflipped[:, ::-1])
+    assert 5 < flips < 25
 
 
 def test_stream_dataset_is_split_by_its_workers():

@@ -114,23 +114,35 @@ def rrc_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def resize_hwc(arr: np.ndarray, size: tuple[int, int], *, area: bool = True) -> np.ndarray:
-    """Bilinear (area when shrinking 2x or more and ``area``) resize of an HxWx3 uint8 array to ``size=(H, W)``."""
+def resize_hwc(
+    arr: np.ndarray, size: tuple[int, int], *, area: bool = True, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Bilinear (area when shrinking 2x or more and ``area``) resize of an HxWx3 uint8 array to ``size=(H, W)``,
+    written into ``out`` (a slot of the batch buffer: no extra copy) when given."""
     if arr.shape[0] == size[0] and arr.shape[1] == size[1]:
-        return arr
+        if out is None:
+            return arr
+        out[...] = arr
+        return out
     try:
         import cv2
 
         shrink = area and arr.shape[0] >= 2 * size[0] and arr.shape[1] >= 2 * size[1]
-        return cv2.resize(
-            arr, (size[1], size[0]), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
-        )
+        mode = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+        if out is not None:
+            cv2.resize(arr, (size[1], size[0]), dst=out, interpolation=mode)
+            return out
+        return cv2.resize(arr, (size[1], size[0]), interpolation=mode)
     except ImportError:
         from PIL import Image
 
-        return np.asarray(
+        res = np.asarray(
             Image.fromarray(np.ascontiguousarray(arr)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
         )
+        if out is None:
+            return res
+        out[...] = res
+        return out
 
 
 def hflip(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -221,6 +233,11 @@ class SampleMaker:
             arr = to_hwc(raw)
             if self.crop is not None:
                 t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], self.scale, self.ratio, rng)
+                if (
+                    out is not None
+                ):  # decoded pixels (RAM cache): resize straight into the batch, flip in place
+                    resize_hwc(arr[t : t + h, lf : lf + w], self.crop, out=out)
+                    return hflip(out, out) if self.flip and rng.random() < 0.5 else out
                 arr = resize_hwc(arr[t : t + h, lf : lf + w], self.crop)
         if self.flip and rng.random() < 0.5:
             return hflip(arr, out)
