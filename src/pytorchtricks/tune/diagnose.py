@@ -45,9 +45,8 @@ class Diagnosis:
     has_conv2d: bool
     bf16_native: bool
     notes: list[str] = field(default_factory=list)
-    data_doctor: dict[str, Any] | None = (
-        None  # ptt.doctor_data on the workload's files: ptt.make_loader's view
-    )
+    # ptt.doctor_data on the workload's files: what ptt.make_loader would deliver there (None: not run)
+    data_doctor: dict[str, Any] | None = None
 
 
 def bf16_native(device: torch.device) -> bool:

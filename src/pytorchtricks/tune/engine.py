@@ -49,10 +49,8 @@ MEMORY_MARGIN = 0.05
 REPORT_RESERVE_S = 8.0
 DEFAULT_BUDGET_S = 160.0  # + imports and workload build: `make demo` ends within 3 minutes
 SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
-DATA_TRICKS = (
-    "loader_workers",
-    "pin_memory",
-)  # measured on the whole step; every other trick on the compute step
+# loader settings are measured on the whole step; every other trick on the compute step (data staged)
+DATA_TRICKS = ("loader_workers", "pin_memory")
 FIX_TRICKS = (
     "remove_conv_bias_before_bn",
 )  # exact fixes of diagnosed problems: kept unless measurably slower
@@ -94,10 +92,10 @@ class TuneResult:
     goal: str
     budget_s: float
     diagnosis: Diagnosis | None = None
-    baseline: Measured | None = (
-        None  # of the model tricks' run (compute step) or, without those, the loader run
-    )
-    step_baseline: Measured | None = None  # of the loader settings' run (whole step), when there was one
+    # baseline: of the model tricks' run (compute step) or, without those, of the loader settings' run;
+    # step_baseline: of the loader settings' run (whole step), when there was one
+    baseline: Measured | None = None
+    step_baseline: Measured | None = None
     candidates: list[CandidateResult] = field(default_factory=list)
     combination: list[dict[str, Any]] = field(default_factory=list)  # the greedy steps
     final: list[Measured] = field(default_factory=list)  # the verification run
