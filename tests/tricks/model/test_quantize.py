@@ -63,6 +63,24 @@ def test_fx_backend_and_uncompiled_pt2e_agree_with_fp32() -> None:
         assert q.backend == backend and q.ptt_safety_report.sqnr_db > 20
 
 
+@pytest.mark.slow
+def test_aot_package_runs_the_same_int8_graph_and_other_shapes_fall_back() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    ref = ptt.quantize_(copy.deepcopy(model), x, compile=False)
+    q = ptt.quantize_(copy.deepcopy(model), x, compile="aot")
+    assert q.aot is not None and q.aot_shapes == ((2, 3, 16, 16),), q.aot_error
+    assert q.package_path.endswith(".pt2") and q.ptt_safety_report.ok
+    with torch.no_grad():
+        # same int8 graph, other kernels (fused and frozen): equal up to int8 rounding of a few elements
+        torch.testing.assert_close(q(x), ref(x), atol=0.1, rtol=0.05)
+        y = torch.randn(3, 3, 16, 16)  # a shape the package was not built for: the torch.compile path runs it
+        torch.testing.assert_close(q(y), ref(y), atol=0.1, rtol=0.05)
+    with pytest.raises(PttError, match="compile must be"):
+        ptt.quantize_(copy.deepcopy(model), x, compile="fast")
+
+
 def test_dynamic_int8_lstm_and_linear() -> None:
     torch.manual_seed(0)
 
