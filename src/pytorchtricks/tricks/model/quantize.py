@@ -1,7 +1,7 @@
 """Quantize a model for CPU inference through one facade: static int8, dynamic int8, QAT, bf16/fp16 weights.
 
 Why: int8 conv/matmul on x86 with VNNI runs several times faster than fp32 (ResNet-18 at 160 px, 1 thread, Zen 4:
-PT2E int8 + compile + freezing 5.43x / 3.93x at batch 1 / 8, bf16 3.11x / 2.37x; results/inference_cpu.md;
+PT2E int8 as an AOTInductor package 5.69x / 5.04x at batch 1 / 8, bf16 2.91x / 2.45x; results/inference_cpu.md;
 Linear-heavy MLPs: dynamic int8 5.1-5.5x per ANCHORS). The backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the one that works.
 When: CPU inference of CNNs (``"int8"``: PT2E with torchao's X86InductorQuantizer when installed, FX otherwise,
 calibrated on ``example_inputs`` or ``calibration=``), Linear/LSTM-heavy models (``"int8_dynamic"``), models that lose
