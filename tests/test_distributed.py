@@ -108,14 +108,22 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     # SyncBatchNorm runs on CUDA/XPU only: on CPU we can check the conversion, not the statistics
     bn = ptt.distributed.to_sync_batchnorm_(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
     res["syncbn_type"] = type(bn[1]).__name__
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))  # written before teardown: see `results`
     ptt.distributed.cleanup()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    try:
+        mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    except mp.ProcessExitedException as exc:
+        # A child can abort while the interpreter exits (gloo/TCPStore threads: "terminate called without an
+        # active exception", once in ~50 runs on a loaded 2-core machine). Every check ran before teardown and
+        # wrote its file; a crash before that leaves a file missing and fails here.
+        if not all((out / f"rank{r}.json").exists() for r in range(WORLD)):
+            raise
+        warnings.warn(f"a rank crashed after writing its results (teardown): {exc}", stacklevel=1)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

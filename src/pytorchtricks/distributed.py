@@ -118,8 +118,15 @@ def setup(backend: str | None = None, *, seed: int | None = None, device: str | 
 
 
 def cleanup() -> None:
-    """Destroy the process group if one exists (call at the end of training)."""
+    """Wait for every rank, then destroy the process group if one exists (call at the end of training).
+
+    Without the barrier, the rank that hosts the rendezvous store (rank 0) can finish and exit while another rank
+    is still tearing down its connections; that rank then dies with ``terminate called without an active
+    exception`` (seen with gloo on a loaded 2-core machine).
+    """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
