@@ -522,6 +522,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     elif args.out:
         recipe = opt_mod.save(res, args.out, spec=args.model, input_shape=shape, int8=args.int8)
         console.print(f"wrote {args.out} (state dict) and {recipe} (how to rebuild)")
+        if args.int8 and getattr(res.model, "package_path", None):
+            console.print(f"wrote {args.out}.pt2 (int8 AOTInductor package for {args.input_shape})")
     return 0
 
 

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -193,7 +194,11 @@ def time_stages(opt: Optimized, example_inputs: Any, *, rounds: int = 5, min_run
 
 
 def save(opt: Optimized, path: str, *, spec: str, input_shape: Sequence[int], int8: bool) -> str:
-    """Save the rewritten fp32 state dict (atomic) and ``PATH.json`` saying how to rebuild the optimized model."""
+    """Save the rewritten fp32 state dict (atomic) and ``PATH.json`` saying how to rebuild the optimized model.
+
+    With an int8 AOTInductor package (``ptt optimize --int8``), also ``PATH.pt2``: the compiled int8 model for
+    ``input_shape``, loadable without the model's code (``torch._inductor.aoti_load_package``).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     os.close(fd)
@@ -213,11 +218,20 @@ def save(opt: Optimized, path: str, *, spec: str, input_shape: Sequence[int], in
             f"x = torch.randn({shape})",
             "ptt.unshare_modules_(m); ptt.fuse_conv_bn_(m, x); ptt.reparameterize_(m, x)",
             f"m.load_state_dict(torch.load({os.path.basename(path)!r}, weights_only=True))",
-            "m = ptt.quantize_(m, x, calibration=YOUR_BATCHES)"
+            "m = ptt.quantize_(m, x, calibration=YOUR_BATCHES, compile='aot')"
             if int8
             else "m = ptt.compile_(m, for_inference=True)",
         ],
     }
+    package = getattr(opt.model, "package_path", None)
+    if int8 and package:
+        shutil.copyfile(package, path + ".pt2.tmp")
+        os.replace(path + ".pt2.tmp", path + ".pt2")
+        recipe["package"] = {
+            "file": os.path.basename(path) + ".pt2",
+            "input_shapes": [list(s) for s in getattr(opt.model, "aot_shapes", None) or [input_shape]],
+            "load": f"m = torch._inductor.aoti_load_package({os.path.basename(path) + '.pt2'!r}); y = m(x)",
+        }
     with open(path + ".json.tmp", "w", encoding="utf-8") as fh:
         json.dump(recipe, fh, indent=2)
     os.replace(path + ".json.tmp", path + ".json")
