@@ -139,12 +139,7 @@ def optimize(
         )
         if q is not None:
             final = q
-        aot = getattr(q, "aot", None) is not None
-        if compile and q is not None and not aot and getattr(q, "aot_error", None):
-            warnings.warn(
-                f"the AOTInductor package failed ({q.aot_error[:160]}); the int8 model runs under torch.compile",
-                stacklevel=2,
-            )
+        aot = getattr(q, "aot", None) is not None  # quantize_ warns when the package could not be built
         name = "quantize int8" + (" + AOTInductor" if aot else " + compile" if compile else "")
         record(name, status, final)
     elif compile:

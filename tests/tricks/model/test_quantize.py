@@ -81,6 +81,22 @@ def test_aot_package_runs_the_same_int8_graph_and_other_shapes_fall_back() -> No
         ptt.quantize_(copy.deepcopy(model), x, compile="fast")
 
 
+@pytest.mark.slow
+def test_aot_package_failure_warns_and_keeps_the_compiled_path(monkeypatch) -> None:
+    from pytorchtricks.core import NoEffectWarning
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with pytest.warns(NoEffectWarning, match="no C.. compiler"):
+        q = ptt.quantize_(copy.deepcopy(model), x, compile="aot")
+    assert q.aot is None and "no C++ compiler" in q.aot_error and q.ptt_safety_report.ok
+
+
 def test_dynamic_int8_lstm_and_linear() -> None:
     torch.manual_seed(0)
 

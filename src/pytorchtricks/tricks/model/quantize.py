@@ -266,6 +266,13 @@ def quantize_(
         result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
         if aot and freezing:
             result = _aot_package(result, example)
+            if result.aot_error:
+                warnings.warn(
+                    f"the AOTInductor package failed ({result.aot_error[:160]}); the int8 model runs under "
+                    "torch.compile",
+                    NoEffectWarning,
+                    stacklevel=2,
+                )
     elif mode == "qat_convert":
         pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
         inner = pt2e.convert_pt2e(model)
