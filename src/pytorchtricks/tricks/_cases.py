@@ -53,8 +53,9 @@ def inference_case(
     *,
     description: str,
     check: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    unit: str = "images",
 ) -> BenchCase:
-    """A no-grad forward of ``base`` vs ``treated`` on the same batch."""
+    """A no-grad forward of ``base`` vs ``treated`` on the same batch (``unit``: what one row of ``x`` is)."""
 
     def run(m: nn.Module) -> torch.Tensor:
         with torch.no_grad():
@@ -64,7 +65,7 @@ def inference_case(
         baseline=lambda: run(base),
         treated=lambda: run(treated),
         items_per_call=x.shape[0],
-        unit="images",
+        unit=unit,
         device=str(x.device),
         description=description,
         check=check,

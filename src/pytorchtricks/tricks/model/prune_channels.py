@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import inference_case
 from pytorchtricks.tricks.model._channel_graph import ChannelGraph, analyze
 
 __all__ = ["prune_channels_", "network_slimming_step_", "prune_unstructured_"]
@@ -204,20 +205,14 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     treated = prune_channels_(copy.deepcopy(base), 0.5)
     x = torch.randn(batch, 3, hw, hw, device=device)
 
-    def run(m: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return m(x)
-
     def check(a: torch.Tensor, b: torch.Tensor) -> None:
         if a.shape != b.shape:
             raise AssertionError(f"pruning changed the output shape {tuple(a.shape)} -> {tuple(b.shape)}")
 
-    return BenchCase(
-        baseline=lambda: run(base),
-        treated=lambda: run(treated),
-        items_per_call=batch,
-        unit="images",
-        device=device,
+    return inference_case(
+        base,
+        treated,
+        x,
         description=f"small_cnn width {width}, {hw}px, batch {batch}: dense vs 50% channels removed",
         check=check,
     )

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, require
+from pytorchtricks.tricks._cases import inference_case
 
 __all__ = ["quantize_", "Quantized"]
 
@@ -328,22 +329,17 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     x = torch.randn(batch, width)
     treated = quantize_(copy.deepcopy(base), x, "int8_dynamic")
 
-    def run(m: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return m(x)
-
     def check(a: torch.Tensor, b: torch.Tensor) -> None:
         from pytorchtricks.analysis.safety import sqnr_db
 
         if sqnr_db(a, b) < 20:
             raise AssertionError(f"dynamic int8 SQNR {sqnr_db(a, b):.1f} dB < 20 dB")
 
-    return BenchCase(
-        baseline=lambda: run(base),
-        treated=lambda: run(treated),
-        items_per_call=batch,
-        unit="samples",
-        device=device,
+    return inference_case(
+        base,
+        treated,
+        x,
         description=f"3-layer MLP width {width}, batch {batch}: fp32 vs dynamic int8",
         check=check,
+        unit="samples",
     )

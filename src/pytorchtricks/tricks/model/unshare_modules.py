@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
+from pytorchtricks.tricks._cases import inference_case
 from pytorchtricks.tricks.model._fx import call_sites, parent_of, trace
 
 __all__ = ["unshare_modules_"]
@@ -141,17 +142,10 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
         warnings.simplefilter("ignore")
         treated = unshare_modules_(copy.deepcopy(base))
     x = torch.randn(8, 3, hw, hw, device=device)
-
-    def run(m: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return m(x)
-
-    return BenchCase(
-        baseline=lambda: run(base),
-        treated=lambda: run(treated),
-        items_per_call=8,
-        unit="images",
-        device=device,
+    return inference_case(
+        base,
+        treated,
+        x,
         description=f"conv net with a shared ReLU, {width} ch, {hw}px, batch 8",
         check=lambda a, b: torch.testing.assert_close(a, b),
     )
