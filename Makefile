@@ -10,7 +10,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 EXTRAS := dev,data,infer,report
 # Debian packages with real data: Fashion-MNIST and wallpaper photos (see ../shared/ANCHORS.md section 5).
 APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers
-APT_SYSTEM := chromium libturbojpeg0
+APT_SYSTEM := chromium libturbojpeg0 libdnnl2
 PYTEST_ARGS ?=
 
 .PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env

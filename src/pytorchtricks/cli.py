@@ -508,6 +508,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     console.print(
         f"interleaved rounds: {args.rounds}; {torch.get_num_threads()} threads; torch {torch.__version__}"
     )
+    plan_error = getattr(res.model, "plan_error", None)
+    if args.int8 and plan_error:
+        console.print(f"note: no oneDNN plan for the int8 graph: {plan_error}")
     if args.out and args.export == "onnx":
         from pytorchtricks.tricks.model.export_onnx import export_onnx, quantize_onnx_static
 

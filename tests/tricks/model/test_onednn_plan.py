@@ -1,0 +1,174 @@
+"""The oneDNN plan for PT2E int8 graphs: same results as the graph it replaces, safe in-place adds, clear refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.analysis.safety import sqnr_db
+from pytorchtricks.bench.workloads import randomize_bn_
+from pytorchtricks.tricks.model import _onednn_plan
+from pytorchtricks.tricks.model._onednn_plan import PlanUnsupported, build_plan, onednn_available
+
+pytest.importorskip("torchao")
+needs_onednn = pytest.mark.skipif(
+    not onednn_available(), reason="system oneDNN missing: `make system-deps` installs libdnnl2"
+)
+
+
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu2 = nn.ReLU()
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        return self.relu2(self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x))))) + identity)
+
+
+class ResNetLike(nn.Module):
+    """Stem conv + max-pool, residual blocks (with and without a downsample), global pool, classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 5, 2, 2, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.blocks = nn.Sequential(Block(16, 16, 1), Block(16, 32, 2), Block(32, 32, 1))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.pool(self.stem(x))))
+
+
+class ReusedResidual(nn.Module):
+    """The residual ``x`` is read again after the add: the plan must not add into x's buffer in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.late = nn.Conv2d(8, 8, 1)
+        self.late_relu = nn.ReLU()
+        self.out_y, self.out_z = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.stem(x)
+        y = self.relu(self.conv(x) + x)
+        z = self.late_relu(self.late(x))  # reads x after the add
+        return self.out_y(y), self.out_z(z)
+
+
+def _int8_graph(model: nn.Module, x: torch.Tensor) -> nn.Module:
+    from pytorchtricks.tricks.model.quantize import _static_int8
+
+    model = randomize_bn_(model).eval()
+    ptt.fuse_conv_bn_(model, x)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(x.shape, generator=g),) for _ in range(4)] + [(x,)]
+    return _static_int8(model, (x,), calib, "pt2e")
+
+
+@needs_onednn
+def test_plan_matches_the_int8_graph_on_a_resnet_like_net() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    graph = _int8_graph(ResNetLike(), x)
+    plan = build_plan(graph, (x,))
+    assert plan.primitives[0] == "quantize input" and plan.primitives[-1] == "linear -> float32"
+    assert plan.primitives.count("conv + add + relu -> uint8") == 3 and "maxpool" in plan.primitives
+    assert "avgpool" in plan.primitives and "copy residual" not in plan.primitives
+    y = torch.randn(2, 3, 32, 32)  # not the example: the plan holds no result of the build-time check
+    with torch.no_grad():
+        ref, got = graph(y), plan(y)
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    assert sqnr_db(ref, got) > 30  # same int8 graph; only rounding of a few intermediate values differs
+    x_before = y.clone()
+    plan(y)
+    torch.testing.assert_close(y, x_before, rtol=0, atol=0)  # the caller's input is only read
+
+
+@needs_onednn
+def test_plan_copies_a_residual_that_is_read_after_the_add() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 16, 16)
+    graph = _int8_graph(ReusedResidual(), x)
+    plan = build_plan(graph, (x,))
+    assert "copy residual" in plan.primitives
+    y = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ref, got = graph(y), plan(y)
+    assert isinstance(got, tuple) and len(got) == 2
+    for r, g in zip(ref, got, strict=True):
+        assert sqnr_db(r, g) > 30
+
+
+@needs_onednn
+def test_plan_refuses_what_it_does_not_lower_and_wrong_shapes() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(8 * 14 * 14, 4))
+    with pytest.raises(PlanUnsupported, match=r"hardswish|not lowered|readers|float"):
+        build_plan(_int8_graph(model, x), (x,))
+    graph = _int8_graph(ResNetLike(), x)
+    plan = build_plan(graph, (x,))
+    with pytest.raises(ValueError, match="built for inputs of shape"):
+        plan(torch.randn(1, 3, 16, 16))
+
+
+def test_missing_library_says_how_to_install(monkeypatch) -> None:
+    monkeypatch.setattr(_onednn_plan, "_LIB", None)
+    monkeypatch.setattr(_onednn_plan.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(PlanUnsupported, match="apt-get install libdnnl2"):
+        _onednn_plan._load()
+    assert not onednn_available()
+
+
+@needs_onednn
+@pytest.mark.slow
+def test_quantize_onednn_runs_the_plan_per_thread_count_and_falls_back_for_other_shapes() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(ResNetLike()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    ref = ptt.quantize_(copy.deepcopy(model), x, compile=False)
+    q = ptt.quantize_(copy.deepcopy(model), x, compile="onednn")
+    assert q.plan_error is None and q.plan_shapes == ((2, 3, 32, 32),) and q.ptt_safety_report.ok
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            got = q(x)
+        assert set(q.plans) == {threads, 1}  # oneDNN fixes threads per primitive: one plan per thread count
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        assert sqnr_db(ref(x), got) > 30
+        y = torch.randn(3, 3, 32, 32)  # no plan for this shape: the compiled int8 graph runs it
+        assert sqnr_db(ref(y), q(y)) > 30
+    assert set(q.plans) == {threads, 1}
+
+
+@pytest.mark.slow
+def test_quantize_onednn_without_the_library_warns_and_keeps_the_compiled_path(monkeypatch) -> None:
+    from pytorchtricks.core import NoEffectWarning
+
+    monkeypatch.setattr(_onednn_plan, "_LIB", None)
+    monkeypatch.setattr(_onednn_plan.ctypes.util, "find_library", lambda name: None)
+    torch.manual_seed(0)
+    model = randomize_bn_(ResNetLike()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.warns(NoEffectWarning, match="libdnnl2"):
+        q = ptt.quantize_(copy.deepcopy(model), x, compile="onednn")
+    assert q.plan() is None and "libdnnl2" in q.plan_error and q.ptt_safety_report.ok
