@@ -31,7 +31,7 @@ F32, S32, S8, U8 = 3, 4, 5, 6
 FORMAT_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT, ELTWISE_RELU, POOLING_MAX, POOLING_AVG_EXCLUDE_PADDING = 1, 31, 511, 1023
-QUERY_WEIGHTS_MD = 131
+QUERY_WEIGHTS_MD, QUERY_IMPL_INFO_STR = 131, 8
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 17, 33, 41
 ENGINE_CPU, STREAM_DEFAULT = 1, 1
 _DESC_BYTES = 16384  # op descriptors are opaque here; 2.6's largest (convolution) is 5976 bytes
@@ -254,12 +254,14 @@ class OnednnPlan:
         self._owned: list[tuple[str, int]] = []  # (destroy function, handle)
         self._keep: list[Any] = []  # tensors and ctypes arrays the primitives point into
         self._steps: list[tuple[int, int, Any]] = []
-        self._inputs: list[tuple[int, tuple[int, ...]]] = []  # (memory, shape) per graph input
+        self._inputs: list[tuple[int, int, tuple[int, ...]]] = []  # (graph input index, memory, shape)
+        self.n_inputs = 0
         self._outputs: list[_Output] = []
         self._out_kind: type | None = None
         self._lock = threading.Lock()
         self.shapes: tuple[tuple[int, ...], ...] = ()
         self.primitives: list[str] = []  # one line per primitive: what it does (for reports and tests)
+        self.kernels: list[str] = []  # oneDNN's implementation name per primitive, e.g. jit_int8:avx512_core_vnni
         engine = ctypes.c_void_p()
         _check(lib.dnnl_engine_create(ctypes.byref(engine), ENGINE_CPU, 0), "creating the CPU engine")
         self._engine = engine.value
@@ -346,6 +348,12 @@ class OnednnPlan:
         pd = ctypes.c_void_p()
         _check(self._lib.dnnl_primitive_desc_create(ctypes.byref(pd), desc, attr, self._engine, None), what)
         self._own("dnnl_primitive_desc_destroy", pd.value)
+        name = ctypes.c_char_p()
+        _check(self._lib.dnnl_primitive_desc_query(pd, QUERY_IMPL_INFO_STR, 0, ctypes.byref(name)), what)
+        impl = (name.value or b"?").decode()
+        if impl.startswith("ref"):  # oneDNN's reference loops: far slower than PyTorch's own int8 path
+            raise PlanUnsupported(f"oneDNN has only a reference kernel ({impl}) for {what} on this CPU")
+        self.kernels.append(impl)
         prim = ctypes.c_void_p()
         _check(self._lib.dnnl_primitive_create(ctypes.byref(prim), pd), what)
         self._own("dnnl_primitive_destroy", prim.value)
@@ -400,7 +408,7 @@ class OnednnPlan:
         contiguous = tuple(int(s) for s in torch.empty(src.dims).stride())
         src_md = self._md(src.dims, F32, contiguous)
         mem = self._memory(src_md, None)
-        self._inputs.append((mem, src.dims))
+        self._inputs.append((src.index, mem, src.dims))
         attr = self._attr(torch.tensor([1.0 / q.scale]), 0, dst_zp=q.zero_point)
         dst_md = self._md(q.dims, U8, self._act_strides(q.dims))
         prim = self._reorder(src_md, dst_md, attr, "the input quantize reorder")
@@ -583,12 +591,13 @@ class OnednnPlan:
 
     # -- running -----------------------------------------------------------------------------------------------
     def __call__(self, *args: torch.Tensor) -> Any:
-        if len(args) != len(self._inputs):
-            raise TypeError(f"the plan takes {len(self._inputs)} inputs, got {len(args)}")
+        if len(args) != self.n_inputs:
+            raise TypeError(f"the plan takes {self.n_inputs} inputs, got {len(args)}")
         lib, stream = self._lib, self._stream
         keep = []
         with self._lock:
-            for (mem, shape), a in zip(self._inputs, args, strict=True):
+            for index, mem, shape in self._inputs:
+                a = args[index]
                 if tuple(a.shape) != shape:
                     raise ValueError(f"the plan was built for inputs of shape {shape}, got {tuple(a.shape)}")
                 a = a.detach().to(torch.float32).contiguous()
@@ -670,6 +679,7 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
     _record_shapes(gm, example)
     plan = OnednnPlan(lib)
     plan.shapes = tuple(tuple(a.shape) for a in example)
+    plan.n_inputs = len(example)
     nodes = list(gm.graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     env: dict[Any, Any] = {}
