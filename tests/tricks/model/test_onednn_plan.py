@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -96,8 +97,16 @@ def test_plan_matches_the_int8_graph_on_a_resnet_like_net() -> None:
     assert got.shape == ref.shape and got.dtype == torch.float32
     assert sqnr_db(ref, got) > 30  # same int8 graph; only rounding of a few intermediate values differs
     x_before = y.clone()
-    plan(y)
+    again = plan(y)
     torch.testing.assert_close(y, x_before, rtol=0, atol=0)  # the caller's input is only read
+    assert again.data_ptr() != got.data_ptr()  # a fresh output per call: earlier results stay valid
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+    assert (
+        not any(k.startswith("ref") for k in plan.kernels) and len(plan.kernels) == len(plan.primitives) - 1
+    )
+    assert copy.deepcopy(plan) is plan  # read-only after the build: copies of a model share it
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(plan)
 
 
 @needs_onednn

@@ -261,7 +261,9 @@ class OnednnPlan:
         self._lock = threading.Lock()
         self.shapes: tuple[tuple[int, ...], ...] = ()
         self.primitives: list[str] = []  # one line per primitive: what it does (for reports and tests)
-        self.kernels: list[str] = []  # oneDNN's implementation name per primitive, e.g. jit_int8:avx512_core_vnni
+        self.kernels: list[
+            str
+        ] = []  # oneDNN's implementation name per primitive, e.g. jit_int8:avx512_core_vnni
         engine = ctypes.c_void_p()
         _check(lib.dnnl_engine_create(ctypes.byref(engine), ENGINE_CPU, 0), "creating the CPU engine")
         self._engine = engine.value
@@ -274,6 +276,15 @@ class OnednnPlan:
         self._own("dnnl_stream_destroy", stream.value)
 
     # -- lifetime --------------------------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> OnednnPlan:
+        return self  # built once and read-only afterwards (calls hold a lock): copies of a model share it
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a oneDNN plan holds native handles and cannot be pickled; save the model's state dict (ptt optimize "
+            "--out writes it with a rebuild recipe) and build the plan again where it runs"
+        )
+
     def _own(self, destroy: str, handle: int | None) -> None:
         self._owned.append((destroy, handle or 0))
 
@@ -302,12 +313,13 @@ class OnednnPlan:
         self._keep.append(md)
         return md
 
-    def _memory(self, md: Any, tensor: torch.Tensor | None) -> int:
+    def _memory(self, md: Any, tensor: torch.Tensor | None, *, keep: bool = True) -> int:
+        """A memory object over ``tensor``'s storage (kept alive with the plan unless ``keep=False``)."""
         mem = ctypes.c_void_p()
         handle = ctypes.c_void_p(tensor.data_ptr() if tensor is not None else None)
         _check(self._lib.dnnl_memory_create(ctypes.byref(mem), md, self._engine, handle), "a memory object")
         self._own("dnnl_memory_destroy", mem.value)
-        if tensor is not None:
+        if tensor is not None and keep:
             self._keep.append(tensor)
         return int(mem.value or 0)
 
@@ -529,9 +541,8 @@ class OnednnPlan:
         w_mem = self._memory(w_md, w_buf)
         w_src = p.weight.int8.contiguous()
         reorder = self._reorder(w_user_md, w_md, 0, "the weight reorder")
-        self._run_now(
-            reorder, [(ARG_SRC, self._memory(w_user_md, w_src)), (ARG_DST, w_mem)], "the weight reorder"
-        )
+        w_user = self._memory(w_user_md, w_src, keep=False)  # read once, by this reorder
+        self._run_now(reorder, [(ARG_SRC, w_user), (ARG_DST, w_mem)], "the weight reorder")
         b_mem = self._memory(self._md((oc,), F32, (1,)), bias_acc)
         src_mem = self._memory(src_md, src.buf)
         if out is not None:
