@@ -8,7 +8,8 @@ is then one ``dnnl_primitive_execute`` per op. The library is the system oneDNN 
 loaded with ctypes through its C API - PyTorch's own copy of oneDNN does not export its symbols.
 
 Supported ops (anything else raises ``PlanUnsupported`` and the caller keeps its compiled path): input quantize,
-conv2d (+ add of a quantized tensor) (+ relu) with uint8 or float output, linear (+ relu), max_pool2d,
+conv2d (+ add of a quantized tensor) (+ relu / relu6-hardtanh / hardswish / silu / gelu, before or after the add)
+with uint8 or float output, linear (+ the same activations), max_pool2d, global mean,
 adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, output dequantize. Activations are uint8
 (per-tensor scale and zero point), weights int8 symmetric per output channel - what the x86 PT2E quantizer makes.
 """
@@ -30,7 +31,16 @@ __all__ = ["OnednnPlan", "PlanUnsupported", "build_plan", "onednn_available"]
 F32, S32, S8, U8 = 3, 4, 5, 6
 FORMAT_ANY = 1
 FORWARD_INFERENCE = 96
-CONVOLUTION_DIRECT, ELTWISE_RELU, POOLING_MAX, POOLING_AVG_EXCLUDE_PADDING = 1, 31, 511, 1023
+CONVOLUTION_DIRECT, POOLING_MAX, POOLING_AVG_EXCLUDE_PADDING = 1, 511, 1023
+ELTWISE_RELU, ELTWISE_CLIP, ELTWISE_HARDSWISH, ELTWISE_SWISH, ELTWISE_GELU_ERF, ELTWISE_GELU_TANH = (
+    31,
+    255,
+    112,
+    223,
+    48,
+    207,
+)
+ELTWISE_LINEAR = 127
 QUERY_WEIGHTS_MD, QUERY_IMPL_INFO_STR = 131, 8
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 17, 33, 41
 ENGINE_CPU, STREAM_DEFAULT = 1, 1
@@ -211,7 +221,7 @@ class _FloatIn:
 
 @dataclass
 class _Pending:
-    """A conv/linear/pool whose float output is not materialised yet: add, relu and quantize fuse into it."""
+    """A conv/linear/pool whose float output is not materialised yet: add, activations and quantize fuse into it."""
 
     kind: str  # conv | linear | maxpool | avgpool | flatten
     src: _QValue
@@ -221,10 +231,12 @@ class _Pending:
     params: dict[str, Any] = field(default_factory=dict)
     add: _QValue | None = None
     add_node: Any = None
-    relu: bool = False
+    post: list[tuple[Any, ...]] = field(
+        default_factory=list
+    )  # ("sum",) / ("eltwise", name, alg, alpha, beta)
 
     def extend(self, node: Any) -> _Pending:
-        """Fuse ``node`` (an add or relu of this result) into the op; only when it is the sole reader."""
+        """Fuse ``node`` (an add or activation of this result) into the op; only when it is the sole reader."""
         if len(self.tail.users) != 1:
             raise PlanUnsupported(f"{self.tail.name}: its float result has several readers")
         self.tail = node
@@ -329,9 +341,10 @@ class OnednnPlan:
         scale_mask: int,
         src_zp: int = 0,
         dst_zp: int = 0,
-        sum_: tuple[float, int] | None = None,
-        relu: bool = False,
+        post: list[tuple[Any, ...]] | None = None,
     ) -> int:
+        """Attributes: output scales, zero points, and post-ops in order (``("sum", scale, zp)`` or
+        ``("eltwise", alg, alpha, beta)``)."""
         lib = self._lib
         attr = ctypes.c_void_p()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "an attribute")
@@ -345,14 +358,17 @@ class OnednnPlan:
                 z = (ctypes.c_int32 * 1)(zp)
                 self._keep.append(z)
                 _check(lib.dnnl_primitive_attr_set_zero_points(attr, arg, 1, 0, z), "zero points")
-        if sum_ is not None or relu:
+        if post:
             ops = ctypes.c_void_p()
             _check(lib.dnnl_post_ops_create(ctypes.byref(ops)), "post-ops")
             self._own("dnnl_post_ops_destroy", ops.value)
-            if sum_ is not None:
-                _check(lib.dnnl_post_ops_append_sum_v3(ops, sum_[0], sum_[1], 0), "the sum post-op")
-            if relu:
-                _check(lib.dnnl_post_ops_append_eltwise(ops, 1.0, ELTWISE_RELU, 0.0, 0.0), "the relu post-op")
+            for op in post:
+                if op[0] == "sum":
+                    _check(lib.dnnl_post_ops_append_sum_v3(ops, op[1], op[2], 0), "the sum post-op")
+                else:
+                    _check(
+                        lib.dnnl_post_ops_append_eltwise(ops, 1.0, op[1], op[2], op[3]), "an eltwise post-op"
+                    )
             _check(lib.dnnl_primitive_attr_set_post_ops(attr, ops), "post-ops")
         return int(attr.value or 0)
 
@@ -425,6 +441,15 @@ class OnednnPlan:
         dst_md = self._md(q.dims, U8, self._act_strides(q.dims))
         prim = self._reorder(src_md, dst_md, attr, "the input quantize reorder")
         self._step(prim, [(ARG_SRC, mem), (ARG_DST, self._memory(dst_md, q.buf))], "quantize input")
+
+    def requantize(self, src: _QValue, dst: _QValue) -> None:
+        """dst = round((src - z_src) * s_src / s_dst) + z_dst: a uint8 -> uint8 reorder with scale and zero points."""
+        md = self._md(src.dims, U8, self._act_strides(src.dims))
+        attr = self._attr(
+            torch.tensor([src.scale / dst.scale]), 0, src_zp=src.zero_point, dst_zp=dst.zero_point
+        )
+        prim = self._reorder(md, md, attr, "a requantize reorder")
+        self._step(prim, [(ARG_SRC, self.act_memory(src)), (ARG_DST, self.act_memory(dst))], "requantize")
 
     def copy(self, src: _QValue, dst: _QValue) -> None:
         md = self._md(src.dims, U8, self._act_strides(src.dims))
@@ -516,24 +541,44 @@ class OnednnPlan:
         out: _QValue | None,
         name: str,
     ) -> None:
-        """Primitive for conv/linear: dst = relu(s_x*s_w*(acc + b') [+ s_r*(r - z_r)]) / s_o + z_o."""
+        """Primitive for conv/linear: dst = post-ops(s_x*s_w*(acc + b')) / s_o + z_o.
+
+        oneDNN 2.x applies the output scale to the accumulator (bias included) before the post-ops. ReLU commutes
+        with a positive scale, so with ReLUs only the 1/s_o is folded into that scale (sum scales follow); any
+        other activation runs on true float values and a final linear post-op divides by s_o.
+        """
         assert p.weight is not None
         src = p.src
         acc_scale = src.scale * p.weight.scales.double()  # float value of one accumulator unit, per channel
         out_scale = out.scale if out is not None else 1.0
-        scales = (acc_scale / out_scale).float()
+        fold = all(op[0] == "sum" or op[2] == ELTWISE_RELU for op in p.post)
+        unit = out_scale if fold else 1.0  # the value of one unit after the output scale
+        scales = (acc_scale / unit).float()
         bias = torch.zeros(oc) if p.bias is None else p.bias.detach().double()
-        bias_acc = (bias / acc_scale).float().contiguous()  # oneDNN 2.x adds the bias before the output scale
-        sum_ = None
-        if p.add is not None:
-            sum_ = (float(p.add.scale / out_scale), int(p.add.zero_point))
+        bias_acc = bias / acc_scale  # oneDNN 2.x adds the bias before the output scale
+        src_zp = src.zero_point
+        if name == "linear" and src_zp:  # 2.x inner product has no src zero point: fold -z * sum_k w[o, k] in
+            bias_acc = bias_acc - src_zp * p.weight.int8.double().sum(dim=1)
+            src_zp = 0
+        bias_acc = bias_acc.float().contiguous()
+        post: list[tuple[Any, ...]] = []
+        for op in p.post:
+            if op[0] == "sum":
+                assert p.add is not None
+                post.append(("sum", float(p.add.scale / unit), int(p.add.zero_point)))
+            else:
+                post.append(
+                    (
+                        "eltwise",
+                        op[2],
+                        op[3] / unit if op[2] == ELTWISE_CLIP else op[3],
+                        op[4] / unit if op[2] == ELTWISE_CLIP else op[4],
+                    )
+                )
+        if not fold and out_scale != 1.0:
+            post.append(("eltwise", ELTWISE_LINEAR, 1.0 / out_scale, 0.0))
         attr = self._attr(
-            scales,
-            2,
-            src_zp=src.zero_point,
-            dst_zp=out.zero_point if out is not None else 0,
-            sum_=sum_,
-            relu=p.relu,
+            scales, 2, src_zp=src_zp, dst_zp=out.zero_point if out is not None else 0, post=post
         )
         pd, prim = self._primitive(desc, attr, f"the {name} primitive")
         w_md = self._lib.dnnl_primitive_desc_query_md(pd, QUERY_WEIGHTS_MD, 0)
@@ -551,7 +596,7 @@ class OnednnPlan:
             dst_mem = self._memory(dst_md, None)
             dims = tuple(self._float_dims(p))
             self._outputs.append(_Output(dst_mem, dims, self._act_strides(dims)))
-        what = name + (" + add" if p.add is not None else "") + (" + relu" if p.relu else "")
+        what = name + "".join(" + add" if op[0] == "sum" else f" + {op[1]}" for op in p.post)
         what += " -> uint8" if out is not None else " -> float32"
         self._step(
             prim, [(ARG_SRC, src_mem), (ARG_WEIGHTS, w_mem), (ARG_BIAS, b_mem), (ARG_DST, dst_mem)], what
@@ -716,7 +761,28 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
             )
         return value
 
-    chain = {
+    def hardtanh(node: Any) -> tuple[str, int, float, float]:
+        lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args[1:3]) :])[:2]
+        name = "relu6" if (float(lo), float(hi)) == (0.0, 6.0) else "hardtanh"
+        return (name, ELTWISE_CLIP, float(lo), float(hi))
+
+    def gelu(node: Any) -> tuple[str, int, float, float]:
+        tanh = node.kwargs.get("approximate", "none") == "tanh"
+        return ("gelu", ELTWISE_GELU_TANH if tanh else ELTWISE_GELU_ERF, 0.0, 0.0)
+
+    unary: dict[Any, Any] = {
+        aten.relu.default: lambda n: ("relu", ELTWISE_RELU, 0.0, 0.0),
+        aten.relu_.default: lambda n: ("relu", ELTWISE_RELU, 0.0, 0.0),
+        aten.hardtanh.default: hardtanh,
+        aten.hardtanh_.default: hardtanh,
+        aten.hardswish.default: lambda n: ("hardswish", ELTWISE_HARDSWISH, 0.0, 0.0),
+        aten.hardswish_.default: lambda n: ("hardswish", ELTWISE_HARDSWISH, 0.0, 0.0),
+        aten.silu.default: lambda n: ("silu", ELTWISE_SWISH, 1.0, 0.0),
+        aten.silu_.default: lambda n: ("silu", ELTWISE_SWISH, 1.0, 0.0),
+        aten.gelu.default: gelu,
+    }
+    chain = set(unary) | {
+        aten.dropout.default,
         aten.conv2d.default,
         aten.linear.default,
         aten.add.Tensor,
@@ -748,17 +814,22 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
                     f"{qnode.name}: activations quantized to {dtype} [{qmin}, {qmax}] (uint8 only)"
                 )
             dims = shape(qnode)
+            same = (scale, zp) == (p.src.scale, p.src.zero_point)
             if p.kind == "flatten":
-                if (scale, zp) != (p.src.scale, p.src.zero_point):
-                    raise PlanUnsupported(f"{qnode.name}: flatten that requantizes")
-                view = _QValue(p.src.buf, dims, scale, zp, qnode, view_of=p.src)
+                view = _QValue(p.src.buf, dims, p.src.scale, p.src.zero_point, qnode, view_of=p.src)
                 p.src.views.append(view)
-                return view
-            if p.kind in ("maxpool", "avgpool"):
-                if (scale, zp) != (p.src.scale, p.src.zero_point):
-                    raise PlanUnsupported(f"{qnode.name}: pooling that requantizes")
+                if same:
+                    return view
                 out = plan.new_q(dims, scale, zp, qnode)
-                plan.pool(p, out)
+                plan.requantize(view, out)
+                return out
+            if p.kind in ("maxpool", "avgpool"):  # both commute with the affine int8 <-> float map
+                pooled = plan.new_q(dims, p.src.scale, p.src.zero_point, qnode)
+                plan.pool(p, pooled)
+                if same:
+                    return pooled
+                out = plan.new_q(dims, scale, zp, qnode)
+                plan.requantize(pooled, out)
                 return out
             if len(p.tail.users) != 1:
                 raise PlanUnsupported(f"{p.tail.name}: its float result has several readers")
@@ -853,17 +924,18 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
                 lhs, rhs = env.get(args[0]), env.get(args[1])
                 p = need(lhs if isinstance(lhs, _Pending) else rhs, _Pending, node)
                 other = need(rhs if isinstance(lhs, _Pending) else lhs, _DQ, node)
-                if p.kind != "conv" or p.add is not None or p.relu:
+                if p.kind != "conv" or p.add is not None:
                     raise PlanUnsupported(f"{node.name}: an add that is not conv + residual")
                 if other.q.dims != tuple(p.params["out_dims"]):
                     raise PlanUnsupported(f"{node.name}: a broadcasting add")
                 p.add, p.add_node = other.q, node
+                p.post.append(("sum",))
                 env[node] = p.extend(node)
-            elif t in (aten.relu.default, aten.relu_.default):
+            elif t in unary:
                 p = need(env[args[0]], _Pending, node)
-                if p.kind not in ("conv", "linear") or p.relu:
-                    raise PlanUnsupported(f"{node.name}: relu after {p.kind}")
-                p.relu = True
+                if p.kind not in ("conv", "linear") or len(p.post) >= 3:
+                    raise PlanUnsupported(f"{node.name}: {t} after {p.kind}")
+                p.post.append(("eltwise", *unary[t](node)))
                 env[node] = p.extend(node)
             elif t in (aten.max_pool2d.default, aten.adaptive_avg_pool2d.default):
                 x = need(env[args[0]], _DQ, node).q
@@ -893,6 +965,8 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
                 if start != 1 or end != -1 or len(x.dims) != 4 or x.dims[2:] != (1, 1):
                     raise PlanUnsupported(f"{node.name}: flatten other than NxCx1x1 -> NxC")
                 env[node] = _Pending("flatten", x, node)
+            elif t == aten.dropout.default and not (len(args) > 2 and args[2]):
+                env[node] = env[args[0]]  # inference dropout is the identity
             elif t is operator.getitem:
                 raise PlanUnsupported(f"{node.name}: an op with several outputs")
             else:
