@@ -1,16 +1,16 @@
 """A oneDNN plan for a PT2E static-int8 graph: each int8 op becomes one primitive, built once, run in one loop.
 
 Why: PyTorch's int8 ops (``onednn::qconv*``) rebuild a oneDNN primitive descriptor and their scale arguments on
-every call - about 46 us per op on ResNet-18 (results/int8_breakdown.md) - while ONNX Runtime's per-op cost is near
+every call - about 40 us per op on ResNet-18 (results/int8_breakdown.md) - while ONNX Runtime's per-op cost is near
 zero. Here the quantized graph is lowered once: weights reordered to the kernel's layout, scales, zero points,
-residual adds (``sum`` post-op) and ReLUs baked into primitive attributes, activation buffers allocated; a call
-is then one ``dnnl_primitive_execute`` per op. The library is the system oneDNN 2.x (Debian ``libdnnl2``),
+residual adds (``sum`` post-op) and activations baked into primitive attributes, activation buffers allocated; a
+call is then one ``dnnl_primitive_execute`` per op. The library is the system oneDNN 2.x (Debian ``libdnnl2``),
 loaded with ctypes through its C API - PyTorch's own copy of oneDNN does not export its symbols.
 
 Supported ops (anything else raises ``PlanUnsupported`` and the caller keeps its compiled path): input quantize,
 conv2d (+ add of a quantized tensor) (+ relu / relu6-hardtanh / hardswish / silu / gelu, before or after the add)
-with uint8 or float output, linear (+ the same activations), max_pool2d, global mean,
-adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, output dequantize. Activations are uint8
+with uint8 or float output, grouped and depthwise convs, linear (+ the same activations), max_pool2d, global mean,
+adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, inference dropout, output dequantize. Activations are uint8
 (per-tensor scale and zero point), weights int8 symmetric per output channel - what the x86 PT2E quantizer makes.
 """
 
@@ -231,9 +231,8 @@ class _Pending:
     params: dict[str, Any] = field(default_factory=dict)
     add: _QValue | None = None
     add_node: Any = None
-    post: list[tuple[Any, ...]] = field(
-        default_factory=list
-    )  # ("sum",) / ("eltwise", name, alg, alpha, beta)
+    # fused after the op, in order: ("sum",) for the residual add, ("eltwise", name, alg, alpha, beta)
+    post: list[tuple[Any, ...]] = field(default_factory=list)
 
     def extend(self, node: Any) -> _Pending:
         """Fuse ``node`` (an add or activation of this result) into the op; only when it is the sole reader."""
@@ -273,9 +272,8 @@ class OnednnPlan:
         self._lock = threading.Lock()
         self.shapes: tuple[tuple[int, ...], ...] = ()
         self.primitives: list[str] = []  # one line per primitive: what it does (for reports and tests)
-        self.kernels: list[
-            str
-        ] = []  # oneDNN's implementation name per primitive, e.g. jit_int8:avx512_core_vnni
+        # oneDNN's implementation per compute primitive, e.g. jit_int8:avx512_core_vnni (reorders not listed)
+        self.kernels: list[str] = []
         engine = ctypes.c_void_p()
         _check(lib.dnnl_engine_create(ctypes.byref(engine), ENGINE_CPU, 0), "creating the CPU engine")
         self._engine = engine.value
