@@ -161,7 +161,7 @@ def _quantize(model: nn.Module, example: tuple[Any, ...], calibration: Any, *, c
 
     # compiled int8 for the example's shape: a oneDNN plan (every int8 op one prebuilt primitive) when the system
     # oneDNN is installed, plus an AOTInductor package (no guards or Python wrapper per call). ResNet-18, batch 1,
-    # 1 thread: plan 4.45 ms, package 5.27 ms, torch.compile 6.21 ms, ORT int8 5.31 ms (results/int8_breakdown.md);
+    # 1 thread: plan 4.48 ms, package 5.21 ms, torch.compile 5.90 ms, ORT int8 5.23 ms (results/int8_breakdown.md);
     # other shapes fall back to torch.compile
     mode: bool | str = ("onednn" if onednn_available() else "aot") if compile else False
     with warnings.catch_warnings():  # a missing plan is not "no effect": the CLI prints q.plan_error instead

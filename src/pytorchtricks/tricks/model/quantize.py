@@ -1,8 +1,8 @@
 """Quantize a model for CPU inference through one facade: static int8, dynamic int8, QAT, bf16/fp16 weights.
 
 Why: int8 conv/matmul on x86 with VNNI runs several times faster than fp32 (ResNet-18 at 160 px, 1 thread, Zen 4:
-PT2E int8 as a oneDNN plan (``compile="onednn"``) 7.20x / 4.95x at batch 1 / 8, 1.16-1.35x ONNX Runtime static
-int8; bf16 3.17x / 2.36x; results/inference_cpu.md; Linear-heavy MLPs: dynamic int8 5.1-5.5x per ANCHORS). The
+PT2E int8 as a oneDNN plan (``compile="onednn"``) 6.58x / 5.08x at batch 1 / 8, 1.17-1.36x ONNX Runtime static
+int8; bf16 2.90x / 2.41x; results/inference_cpu.md; Linear-heavy MLPs: dynamic int8 5.1-5.5x per ANCHORS). The
 backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the one that works.
 When: CPU inference of CNNs (``"int8"``: PT2E with torchao's X86InductorQuantizer when installed, FX otherwise,
 calibrated on ``example_inputs`` or ``calibration=``), Linear/LSTM-heavy models (``"int8_dynamic"``), models that lose
@@ -155,7 +155,7 @@ def _aot_package(q: Quantized, example: tuple[Any, ...]) -> Quantized:
 def _onednn_plan(q: Quantized, graph: Any, example: tuple[Any, ...]) -> Quantized:
     """Lower ``graph`` (the PT2E int8 graph) to a oneDNN plan for the example's shapes; see ``_onednn_plan``.
 
-    The plan runs every int8 op as one prebuilt oneDNN primitive (ResNet-18 at 160 px, Zen 4: 1.16-1.35x ONNX
+    The plan runs every int8 op as one prebuilt oneDNN primitive (ResNet-18 at 160 px, Zen 4: 1.17-1.36x ONNX
     Runtime static int8, results/int8_breakdown.md). If it cannot be built, ``q.plan_error`` says why and calls keep
     the AOTInductor / torch.compile path.
     """
