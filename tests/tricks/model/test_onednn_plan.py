@@ -246,3 +246,14 @@ def test_plan_builds_for_torchvision_models(name: str) -> None:
     y = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert sqnr_db(graph(y), plan(y)) > 30
+
+
+def test_quantize_onednn_with_the_fx_backend_says_it_has_no_plan() -> None:
+    from pytorchtricks.core import NoEffectWarning
+
+    torch.manual_seed(0)
+    model = randomize_bn_(ResNetLike()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.warns(NoEffectWarning, match="no oneDNN plan: .*FX"):
+        q = ptt.quantize_(copy.deepcopy(model), x, backend="fx", compile="onednn")
+    assert q.plan() is None and q.ptt_safety_report.ok

@@ -313,7 +313,10 @@ def quantize_(
         inner = _static_int8(model, example, _batches(calibration, example, calibration_batches), use)
         freezing = compile and use == "pt2e"  # FX output already runs eager x86 int8 kernels: not compiled
         result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
-        if plan and use == "pt2e":
+        if plan and use != "pt2e":
+            result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
+            warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=2)
+        elif plan:
             result = _onednn_plan(result, inner, example)
             if result.plan_error:
                 warnings.warn(
