@@ -779,16 +779,15 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
         aten.silu_.default: lambda n: ("silu", ELTWISE_SWISH, 1.0, 0.0),
         aten.gelu.default: gelu,
     }
-    chain = set(unary) | {
+    chain = set(unary) | {  # ops whose primitive is emitted later, at the quantize (or output) that ends them
         aten.dropout.default,
         aten.conv2d.default,
         aten.linear.default,
         aten.add.Tensor,
         aten.add_.Tensor,
-        aten.relu.default,
-        aten.relu_.default,
         aten.max_pool2d.default,
         aten.adaptive_avg_pool2d.default,
+        aten.mean.dim,
         aten.flatten.using_ints,
     }
 
