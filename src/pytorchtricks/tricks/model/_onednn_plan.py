@@ -88,85 +88,47 @@ def _load() -> Any:
             raise PlanUnsupported(
                 f"system oneDNN is {ver.major}.{ver.minor}; the plan needs the 2.x C API (2.5 or newer)"
             )
-        vp, i64p, f32p, i32p = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+        # argument types of the C functions used (pointers to dims / scales / zero points are passed as void*)
+        vp, out, i, f = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_float
+        # fmt: off
         sigs: dict[str, list[Any]] = {
-            "dnnl_engine_create": [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_size_t],
-            "dnnl_stream_create": [ctypes.POINTER(vp), vp, ctypes.c_uint],
+            "dnnl_engine_create": [out, i, ctypes.c_size_t],
+            "dnnl_stream_create": [out, vp, ctypes.c_uint],
             "dnnl_stream_wait": [vp],
-            "dnnl_memory_desc_init_by_strides": [vp, ctypes.c_int, i64p, ctypes.c_int, i64p],
-            "dnnl_memory_desc_init_by_tag": [vp, ctypes.c_int, i64p, ctypes.c_int, ctypes.c_int],
-            "dnnl_memory_create": [ctypes.POINTER(vp), vp, vp, vp],
+            "dnnl_memory_desc_init_by_strides": [vp, i, vp, i, vp],
+            "dnnl_memory_desc_init_by_tag": [vp, i, vp, i, i],
+            "dnnl_memory_create": [out, vp, vp, vp],
             "dnnl_memory_set_data_handle": [vp, vp],
             "dnnl_memory_destroy": [vp],
-            "dnnl_primitive_attr_create": [ctypes.POINTER(vp)],
+            "dnnl_primitive_attr_create": [out],
             "dnnl_primitive_attr_destroy": [vp],
-            "dnnl_primitive_attr_set_output_scales": [vp, ctypes.c_int64, ctypes.c_int, f32p],
-            "dnnl_primitive_attr_set_zero_points": [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int, i32p],
+            "dnnl_primitive_attr_set_output_scales": [vp, ctypes.c_int64, i, vp],
+            "dnnl_primitive_attr_set_zero_points": [vp, i, ctypes.c_int64, i, vp],
             "dnnl_primitive_attr_set_post_ops": [vp, vp],
-            "dnnl_post_ops_create": [ctypes.POINTER(vp)],
+            "dnnl_post_ops_create": [out],
             "dnnl_post_ops_destroy": [vp],
-            "dnnl_post_ops_append_sum_v3": [vp, ctypes.c_float, ctypes.c_int32, ctypes.c_int],
-            "dnnl_post_ops_append_eltwise": [
-                vp,
-                ctypes.c_float,
-                ctypes.c_int,
-                ctypes.c_float,
-                ctypes.c_float,
-            ],
-            "dnnl_convolution_forward_desc_init": [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                vp,
-                vp,
-                vp,
-                vp,
-                i64p,
-                i64p,
-                i64p,
-            ],
-            "dnnl_dilated_convolution_forward_desc_init": [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                vp,
-                vp,
-                vp,
-                vp,
-                i64p,
-                i64p,
-                i64p,
-                i64p,
-            ],
-            "dnnl_pooling_v2_forward_desc_init": [
-                vp,
-                ctypes.c_int,
-                ctypes.c_int,
-                vp,
-                vp,
-                i64p,
-                i64p,
-                i64p,
-                i64p,
-                i64p,
-            ],
-            "dnnl_inner_product_forward_desc_init": [vp, ctypes.c_int, vp, vp, vp, vp],
-            "dnnl_primitive_desc_create": [ctypes.POINTER(vp), vp, vp, vp, vp],
-            "dnnl_reorder_primitive_desc_create": [ctypes.POINTER(vp), vp, vp, vp, vp, vp],
+            "dnnl_post_ops_append_sum_v3": [vp, f, ctypes.c_int32, i],
+            "dnnl_post_ops_append_eltwise": [vp, f, i, f, f],
+            "dnnl_convolution_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp],
+            "dnnl_dilated_convolution_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp, vp],
+            "dnnl_pooling_v2_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp],
+            "dnnl_inner_product_forward_desc_init": [vp, i, vp, vp, vp, vp],
+            "dnnl_primitive_desc_create": [out, vp, vp, vp, vp],
+            "dnnl_reorder_primitive_desc_create": [out, vp, vp, vp, vp, vp],
             "dnnl_primitive_desc_destroy": [vp],
-            "dnnl_primitive_create": [ctypes.POINTER(vp), vp],
+            "dnnl_primitive_create": [out, vp],
             "dnnl_primitive_destroy": [vp],
-            "dnnl_primitive_execute": [vp, vp, ctypes.c_int, vp],
+            "dnnl_primitive_execute": [vp, vp, i, vp],
+            "dnnl_primitive_desc_query": [vp, i, i, vp],
         }
+        # fmt: on
         for fn, argtypes in sigs.items():
             f = getattr(lib, fn)
             f.argtypes, f.restype = argtypes, ctypes.c_int
-        lib.dnnl_primitive_desc_query_md.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+        lib.dnnl_primitive_desc_query_md.argtypes = [vp, i, i]
         lib.dnnl_primitive_desc_query_md.restype = vp
         lib.dnnl_memory_desc_get_size.argtypes = [vp]
         lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
-        lib.dnnl_primitive_desc_query.argtypes = [vp, ctypes.c_int, ctypes.c_int, vp]
-        lib.dnnl_primitive_desc_query.restype = ctypes.c_int
         _LIB = lib
         return lib
 
@@ -565,14 +527,7 @@ class OnednnPlan:
                 assert p.add is not None
                 post.append(("sum", float(p.add.scale / unit), int(p.add.zero_point)))
             else:
-                post.append(
-                    (
-                        "eltwise",
-                        op[2],
-                        op[3] / unit if op[2] == ELTWISE_CLIP else op[3],
-                        op[4] / unit if op[2] == ELTWISE_CLIP else op[4],
-                    )
-                )
+                post.append(("eltwise", *op[2:]))  # only ReLUs are folded, so alpha/beta stay in float units
         if not fold and out_scale != 1.0:
             post.append(("eltwise", ELTWISE_LINEAR, 1.0 / out_scale, 0.0))
         attr = self._attr(
