@@ -8,24 +8,34 @@ PTT := $(VENV)/bin/ptt
 # Development pins (the package itself only asks for torch>=2.4); a CUDA build that also runs on CPU.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 EXTRAS := dev,data,infer,report
+# The exact set the suite was last green with (make lock writes it); CONSTRAINTS= installs the newest in range.
+CONSTRAINTS ?= constraints.txt
+PIP_C := $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS))
 # Debian packages with real data: Fashion-MNIST and wallpaper photos (see ../shared/ANCHORS.md section 5).
 APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2
 PYTEST_ARGS ?=
 
-.PHONY: bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
 	@echo "make test   - create .venv, install, lint, type-check and run the whole test suite"
 	@echo "make bench  - run every trick's bench case at full size, results under bench-results/"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(wildcard $(CONSTRAINTS))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_PINS)
-	$(PIP) install -q -e ".[$(EXTRAS)]" $(TORCH_PINS)
+	$(PIP) install -q $(TORCH_PINS) $(PIP_C)
+	$(PIP) install -q -e ".[$(EXTRAS)]" $(TORCH_PINS) $(PIP_C)
 	touch $@
+
+# Record the installed set as the constraints file (run after a green `make test`; see README "Installs").
+lock: setup
+	{ echo "# The exact versions the suite was last green with: written by 'make lock', read by 'make setup'."; \
+	  echo "# $$($(PY) -c 'import platform; print(platform.python_version(), platform.machine())')"; \
+	  $(PIP) freeze --exclude-editable --disable-pip-version-check | grep -v -i '^pytorchtricks' | LC_ALL=C sort -f; \
+	} > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
 
 setup: $(VENV)/.installed
 
@@ -60,7 +70,14 @@ typecheck: setup
 pytest: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: setup system-deps lint typecheck pytest
+# The CPU-sensitive tests (marker `isa`: precision, int8, oneDNN plan, memory estimate, tune's candidate rules) again
+# with the kernels limited to AVX2, so a better CPU also proves what an AVX2-only one does (CONTRIBUTING.md says which
+# library honours which switch). On an AVX2-only CPU it repeats the same decisions: cheap, and keeps CI one script.
+ISA_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+pytest-avx2: setup system-deps
+	$(ISA_AVX2) $(PY) -m pytest -m isa -p no:cacheprovider $(PYTEST_ARGS)
+
+test: setup system-deps lint typecheck pytest pytest-avx2
 
 bench: setup
 	$(PTT) bench --all --size full --out bench-results

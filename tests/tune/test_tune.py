@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pytorchtricks.tune.receipt as receipt
-from pytorchtricks.bench.measure import _cpu_info
+from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.tune.diagnose import diagnose
 from pytorchtricks.tune.engine import DATA_TRICKS, Progress, tune_model
 from pytorchtricks.tune.runner import Runner, make_loader, stage_batches
@@ -67,7 +67,7 @@ def test_planted_problems_are_diagnosed(tmp_path, models_file, jpegs):
     assert "conv-bias-before-bn" in ids or any(i.startswith("PTL001") for i in ids)
     assert diag.verdict == "input-bound" and "input-bound" in ids
     assert diag.conv_bias_pairs == ["0", "3"]
-    if "avx512_bf16" in _cpu_info()[1] or "amx_bf16" in _cpu_info()[1]:
+    if cpu_caps().native_bf16:
         assert "fp32-on-bf16-cpu" in ids
     assert set(diag.split_s) == {"data wait", "host->device", "forward", "backward", "optimizer"}
     assert diag.memory["params_bytes"] > 0 and diag.memory["activations_bytes"] > 0

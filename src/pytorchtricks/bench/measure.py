@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import functools
 import json
 import os
 import platform
@@ -30,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from pytorchtricks.hardware import ISA_LIMIT_ENV, cpu_caps
 
 # ---------------------------------------------------------------------------------------------------------------
 # clocks
@@ -384,36 +385,9 @@ class SavedTensorMeter:
 # environment
 
 
-CPU_FLAGS_OF_INTEREST = (
-    "avx2",
-    "avx512f",
-    "avx512_bf16",
-    "avx512_vnni",
-    "avx512_fp16",
-    "amx_bf16",
-    "amx_int8",
-    "amx_tile",
-    "fma",
-)
-
-
-@functools.lru_cache(maxsize=1)
 def _cpu_info() -> tuple[str, tuple[str, ...]]:
-    model: str = platform.processor() or platform.machine()
-    flags: tuple[str, ...] = ()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            text = fh.read()
-        for line in text.splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and ":" in line:
-                present = set(line.split(":", 1)[1].split())
-                flags = tuple(f for f in CPU_FLAGS_OF_INTEREST if f in present)
-                break
-    except OSError:
-        pass
-    return model, flags
+    caps = cpu_caps()
+    return caps.model, caps.flags
 
 
 def _git_sha() -> str | None:
@@ -453,6 +427,9 @@ def environment(device: torch.device | str | None = "cpu") -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model,
         "cpu": cpu_model,
         "cpu_flags": list(flags),
+        # the class results are filed under, after the ISA limits in force (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)
+        "cpu_class": cpu_caps().cpu_class,
+        "isa_limits": {k: os.environ[k] for k in ISA_LIMIT_ENV if os.environ.get(k)},
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "git_sha": _git_sha(),

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch, _cpu_info, peak_memory
+from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch, peak_memory
+from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.tune.runner import Runner, loader_workers, ptt_function
 from pytorchtricks.tune.workload import ImageFolderData, Workload
 
@@ -50,11 +51,11 @@ class Diagnosis:
 
 
 def bf16_native(device: torch.device) -> bool:
-    """True when the device computes bf16 natively (CPU: avx512_bf16 or AMX; CUDA: compute capability >= 8)."""
+    """True when the device computes bf16 natively (CPU: avx512_bf16 or AMX, not limited away by
+    ``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA``; CUDA: compute capability >= 8)."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
-    _, flags = _cpu_info()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return cpu_caps().native_bf16
 
 
 def oversubscribed() -> str | None:

@@ -9,6 +9,9 @@ from torch import nn
 
 import pytorchtricks as ptt
 
+# CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
+pytestmark = pytest.mark.isa
+
 
 def _mlp() -> nn.Module:
     torch.manual_seed(0)

@@ -16,6 +16,9 @@ import pytorchtricks as ptt
 from pytorchtricks.bench.measure import cpu_tracked_peak_bytes
 from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
 
+# CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
+pytestmark = pytest.mark.isa
+
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:

@@ -11,6 +11,9 @@ from torch import nn
 import pytorchtricks as ptt
 from pytorchtricks.tricks.loop.fast_optimizer import optimizer_impl
 
+# CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
+pytestmark = pytest.mark.isa
+
 
 @pytest.mark.parametrize("name", ["sgd", "adamw", "rmsprop"])
 def test_same_updates_as_default_loop(name: str) -> None:

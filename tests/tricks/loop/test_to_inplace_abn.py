@@ -13,6 +13,9 @@ import pytorchtricks as ptt
 from pytorchtricks.bench.measure import SavedTensorMeter
 from pytorchtricks.bench.workloads import randomize_bn_
 
+# CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
+pytestmark = pytest.mark.isa
+
 
 def _net(slope: float = 0.01, momentum: float | None = 0.1, affine: bool = True) -> nn.Module:
     torch.manual_seed(0)
