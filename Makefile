@@ -97,13 +97,18 @@ readme-table: setup
 
 # ---- targets added by the data, loop, model, analysis and tune work go below this line ----
 
+# Benchmarks file their results by CPU class (avx2, avx512, avx512_bf16, amx: pytorchtricks.hardware), after the ISA
+# limits in force: `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 make bench-infer` files under results/avx2/.
+CPU_CLASS = $(shell $(PY) -c "from pytorchtricks.hardware import cpu_caps; print(cpu_caps().cpu_class)")
+RESULTS ?= results/$(CPU_CLASS)
+
 # 10,000 distinct real-photo JPEGs (wallpaper crops, fixed seed) in data/photos/<class>/ for tests and benchmarks.
 data: setup system-deps
 	$(PY) -m pytorchtricks.shards.photoset data/photos --count 10000
 
-# Pack throughput / storage overhead per format, random reads, decode img/s per backend -> results/.
+# Pack throughput / storage overhead per format, random reads, decode img/s per backend -> $(RESULTS)/.
 bench-pack: setup data
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/pack_and_decode.py --photos data/photos --n 5000 --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/pack_and_decode.py --photos data/photos --n 5000 --out $(RESULTS)
 
 # Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
 # venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.
@@ -135,21 +140,21 @@ ffcv-env:
 IMAGES ?= 10000
 DATA_ROUNDS ?= 2
 bench-data: setup data peers-env ffcv-env
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --rounds $(DATA_ROUNDS) --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --rounds $(DATA_ROUNDS) --out $(RESULTS)
 
 # `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
-# both recommendations and the verify run (combined vs each single trick) -> results/tune-planted.{jsonl,md}.
+# both recommendations and the verify run (combined vs each single trick) -> $(RESULTS)/tune-planted.{jsonl,md}.
 bench-tune: setup
-	OMP_WAIT_POLICY=PASSIVE flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out results
+	OMP_WAIT_POLICY=PASSIVE flock /tmp/ptt-bench.lock $(PY) benchmarks/tune_planted.py --out $(RESULTS)
 
-# ShuffleNetV2 G1-G4 micro-benchmarks: equal-FLOPs variants, MAC ratio vs measured time ratio -> results/design_rules.*
+# ShuffleNetV2 G1-G4 micro-benchmarks: equal-FLOPs variants, MAC ratio vs measured time ratio -> $(RESULTS)/design_rules.*
 # (1 intra-op thread: stable on a shared 2-core machine; CUDA too when present).
 bench-design: setup
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/design_rules.py --size full --rounds 7 --threads 1 --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/design_rules.py --size full --rounds 7 --threads 1 --out $(RESULTS)
 
-# estimate_memory vs the measured CPU peak for 4 models x 2 optimizers, and find_batch_size -> results/memory_estimate.*
+# estimate_memory vs the measured CPU peak for 4 models x 2 optimizers, and find_batch_size -> $(RESULTS)/memory_estimate.*
 bench-memory: setup
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_estimate.py --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_estimate.py --out $(RESULTS)
 
 # Example `ptt lint` outputs of three torchvision models (random weights) -> results/lint-*.txt.
 lint-examples: setup
@@ -168,40 +173,40 @@ screenshot: setup system-deps
 	rm -rf $$profile
 
 # Training step on CPU, ResNet-18 128px and ViT-tiny batch 64: naive fp32 vs each trick vs the best combination
-# (interleaved rounds, peak memory) -> results/train_step-cpu.{jsonl,md}. ROUNDS=3 keeps it near 30 min on 2 cores.
+# (interleaved rounds, peak memory) -> $(RESULTS)/train_step-cpu.{jsonl,md}. ROUNDS=3 keeps it near 30 min on 2 cores.
 ROUNDS ?= 3
 bench-train: setup
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/train_step.py --rounds $(ROUNDS) --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/train_step.py --rounds $(ROUNDS) --out $(RESULTS)
 
 # Full-size bench cases of the loop tricks (time AND peak memory; flatten_parameters vs foreach/fused peers)
-# -> results/loop/bench-full-cpu.jsonl + .md.
+# -> $(RESULTS)/loop/bench-full-cpu.jsonl + .md.
 LOOP_TRICKS := mixed_precision accumulate_gradients checkpoint_activations to_inplace_abn fast_optimizer flatten_parameters
 bench-loop: setup
-	rm -f results/loop/bench-full-cpu.jsonl
-	flock /tmp/ptt-bench.lock $(PTT) bench $(LOOP_TRICKS) --size full --out results/loop
-	$(PTT) report results/loop/bench-full-cpu.jsonl --format md > results/loop/bench-full-cpu.md
+	rm -f $(RESULTS)/loop/bench-full-cpu.jsonl
+	flock /tmp/ptt-bench.lock $(PTT) bench $(LOOP_TRICKS) --size full --out $(RESULTS)/loop
+	$(PTT) report $(RESULTS)/loop/bench-full-cpu.jsonl --format md > $(RESULTS)/loop/bench-full-cpu.md
 
 # Checkpoint planner vs brute force over every uniform segmentation (exact step peak memory, 64-block residual MLP)
-# -> results/checkpoint_planner-cpu.{jsonl,md}.
+# -> $(RESULTS)/checkpoint_planner-cpu.{jsonl,md}.
 bench-checkpoint: setup
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out results
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out $(RESULTS)
 
 # CPU inference of ResNet-18 at 160 px: eager, channels_last, fused, compile, bf16, int8 (ptt optimize --int8),
-# ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> results/inference_cpu.{jsonl,md}. INFER_ROUNDS=3 for a quick run.
+# ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> $(RESULTS)/inference_cpu.{jsonl,md}. INFER_ROUNDS=3 for a quick run.
 INFER_ROUNDS ?= 5
 bench-infer: setup system-deps
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(INFER_ROUNDS) --out results/inference_cpu
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/inference_cpu.py --rounds $(INFER_ROUNDS) --out $(RESULTS)/inference_cpu
 
 # Why int8 trails ONNX Runtime at batch 1: one compiled int8 ResNet-18 call split into oneDNN kernel time, op
-# set-up, guard check and the rest of the compiled graph, next to ORT static int8 -> results/int8_breakdown.*
+# set-up, guard check and the rest of the compiled graph, next to ORT static int8 -> $(RESULTS)/int8_breakdown.*
 bench-int8-breakdown: setup system-deps
-	flock /tmp/ptt-bench.lock $(PY) benchmarks/int8_breakdown.py --threads 1 2 --out results/int8_breakdown
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/int8_breakdown.py --threads 1 2 --out $(RESULTS)/int8_breakdown
 
-# Fashion-MNIST accuracy after int8 PTQ, DoReFa W4A4 QAT and 50% channel pruning -> results/compression_accuracy.*
+# Fashion-MNIST accuracy after int8 PTQ, DoReFa W4A4 QAT and 50% channel pruning -> $(RESULTS)/compression_accuracy.*
 # (accuracy only, no timing). SUBSET=0 trains on all 60,000 images.
 SUBSET ?= 20000
 bench-compression: setup system-deps
-	$(PY) benchmarks/compression_accuracy.py --train-subset $(SUBSET) --out results/compression_accuracy
+	$(PY) benchmarks/compression_accuracy.py --train-subset $(SUBSET) --out $(RESULTS)/compression_accuracy
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -3,7 +3,7 @@
 For every uniform segmentation (1..64 segments, all checkpointed) and for the planner's default plan, one training
 step (forward, backward, SGD step) is measured exactly: live CPU tensor bytes replayed from allocator events
 (``cpu_tracked_peak_bytes``, recomputation included). Also reports the planner's planned vs measured numbers and
-the step time of unchecked vs default plan (interleaved). Writes ``results/checkpoint_planner-cpu.{jsonl,md}``.
+the step time of unchecked vs default plan (interleaved). Writes ``results/<cpu class>/checkpoint_planner-cpu.{jsonl,md}``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.bench.measure import compare, cpu_tracked_peak_bytes, environment, write_jsonl
+from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=64)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--out", default=os.path.join(HERE, "..", "results"))
+    p.add_argument("--out", default=os.path.join(HERE, "..", "results", cpu_caps().cpu_class))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)

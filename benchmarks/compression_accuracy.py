@@ -5,13 +5,14 @@ int8: ``quantize_`` static int8 (PT2E x86 + compile + freezing), calibrated on 1
 W4A4: DoReFa 4-bit weights and activations, 1 epoch of QAT; pruned: 50% of channels removed, fine-tuned for as many
 epochs as the fp32 model trained. No timing here (accuracy only), so it needs no benchmark lock.
 
-    make bench-compression      # writes results/compression_accuracy.{jsonl,md}
+    make bench-compression      # writes results/<cpu class>/compression_accuracy.{jsonl,md}
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import warnings
 from typing import Any
@@ -21,13 +22,14 @@ import torch
 import pytorchtricks as ptt
 from pytorchtricks.bench import fashion_mnist as fm
 from pytorchtricks.bench.measure import environment, write_results
+from pytorchtricks.hardware import cpu_caps
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train-subset", type=int, default=20000, help="0 = all 60,000 training images")
     p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--out", default="results/compression_accuracy")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class, "compression_accuracy"))
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     subset = args.train_subset or None

@@ -514,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--work", default="/tmp/ptt-bench-data")
-    ap.add_argument("--out", default=os.path.join(ROOT, "results"))
+    from pytorchtricks.hardware import cpu_caps  # results are filed by CPU class
+
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", cpu_caps().cpu_class))
     ap.add_argument("--peers-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
     ap.add_argument("--ffcv-python", default=os.path.join(ROOT, ".venv-ffcv", "bin", "python"))
     ap.add_argument("--timeout-s", type=float, default=1800)

@@ -20,6 +20,7 @@ import torch
 
 from pytorchtricks.analysis.design_rules import experiments
 from pytorchtricks.bench.measure import compare, environment, write_jsonl
+from pytorchtricks.hardware import cpu_caps
 
 
 def run(size: str, rounds: int, device: str) -> list[dict[str, object]]:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="full", choices=("smoke", "full"))
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--out", default="results")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class))
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
     args = p.parse_args(argv)
     if args.threads:

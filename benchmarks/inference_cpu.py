@@ -5,7 +5,7 @@ Variants, timed interleaved per configuration (``bench.measure.compare``): eager
 pipeline), ONNX Runtime fp32 and static int8 (QDQ), 50% channels physically removed (eager), and RepVGG train vs
 deploy form. int8 is calibrated on real photos (Debian wallpaper packages) and its SQNR vs fp32 is measured on them.
 
-    make bench-infer                      # full run; writes results/inference_cpu.{jsonl,md}
+    make bench-infer                      # full run; writes results/<cpu class>/inference_cpu.{jsonl,md}
     python benchmarks/inference_cpu.py --rounds 3 --quick
 """
 
@@ -24,6 +24,7 @@ import torch
 
 from pytorchtricks.analysis.safety import reference_outputs, sqnr_db
 from pytorchtricks.bench.measure import compare, environment, write_results
+from pytorchtricks.hardware import cpu_caps
 
 PHOTO_GLOBS = (
     "/usr/share/backgrounds/*.jpg",
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--min-run-time-s", type=float, default=0.2)
     p.add_argument("--quick", action="store_true", help="no compile (smoke run of the script)")
-    p.add_argument("--out", default="results/inference_cpu")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class, "inference_cpu"))
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = run(args)

@@ -11,7 +11,7 @@ splits one call of the compiled int8 model (PT2E x86 quantizer + inductor freezi
 The difference between the whole call and the ops is the compiled graph's own cost (guards, wrapper code, the
 input quantize kernel). ``ptt optimize --int8`` now runs the graph as a oneDNN plan (every int8 op one primitive
 built once; no per-op set-up); it is timed next to the same graph as an AOTInductor package and under
-torch.compile. Writes results/int8_breakdown.{jsonl,md}. ``make bench-int8-breakdown``.
+torch.compile. Writes results/<cpu class>/int8_breakdown.{jsonl,md}. ``make bench-int8-breakdown``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from inference_cpu import photos
 
 from pytorchtricks.bench.measure import compare, environment, write_results
+from pytorchtricks.hardware import cpu_caps
 
 EXEC = re.compile(r"^onednn_verbose,.*?,primitive,exec,cpu,.*,([0-9.]+)$")
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--threads", type=int, nargs="+", default=[1])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default="results/int8_breakdown")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class, "int8_breakdown"))
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = [run(b, t, args.rounds) for b in args.batches for t in args.threads]

@@ -22,6 +22,7 @@ from torch import nn
 import pytorchtricks as ptt
 from pytorchtricks.bench.measure import environment, write_jsonl
 from pytorchtricks.bench.workloads import load_model, small_cnn
+from pytorchtricks.hardware import cpu_caps
 
 MiB = 2**20
 
@@ -44,7 +45,7 @@ OPTIMIZERS: dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="results")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-search", action="store_true", help="bytes only: no find_batch_size (no timing)")
     p.add_argument("--search-only", action="store_true", help="only the find_batch_size run")

@@ -1,7 +1,7 @@
 """Pack throughput and storage overhead per format, random reads loose vs packed, decode img/s per backend.
 
 Runs on the real-photo set from ``make data`` (wallpaper crops, 512-1024 px JPEGs). Writes
-``results/pack_and_decode.jsonl`` (one row per measurement, with the environment) and ``results/pack_and_decode.md``.
+``results/<cpu class>/pack_and_decode.jsonl`` (one row per measurement, with the environment) and ``results/<cpu class>/pack_and_decode.md``.
 Timings of alternatives are interleaved rounds (``ptt.compare``): ratios are paired per round, median and IQR.
 Run with ``make bench-pack`` (under ``flock /tmp/ptt-bench.lock`` so benchmarks do not overlap).
 """
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.bench.measure import compare, environment, time_call, write_jsonl
+from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.shards.dataset import ShardDataset
 from pytorchtricks.shards.jpeg import available_backends, decode_image, image_size
 from pytorchtricks.shards.photoset import build_photo_set
@@ -162,7 +163,7 @@ def main() -> None:
     p.add_argument("--decode-n", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out", default="results")
+    p.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class))
     args = p.parse_args()
     import torch
 

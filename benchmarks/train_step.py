@@ -4,7 +4,7 @@ Models: torchvision ResNet-18 (weights=None) at 128 px, batch 64, and a ViT-tiny
 patch 16, 12 layers, 3 heads, width 192, MLP 768) at 128 px, batch 64. One call = one full step (forward,
 cross-entropy, backward, SGD-momentum step, zero_grad). Variants run interleaved in rotating order
 (``bench.measure.compare``); ratios are paired per round (median and IQR); peak memory is the live-tensor peak of
-one step from allocator events (``cpu_tracked``). Writes ``results/train_step-cpu.jsonl`` and ``.md``.
+one step from allocator events (``cpu_tracked``). Writes ``results/<cpu class>/train_step-cpu.jsonl`` and ``.md``.
 
 Run: ``make bench-train`` (takes the shared benchmark lock). Few rounds on purpose: a 2-core step takes seconds and
 each compiled variant compiles its forward and backward first.
@@ -25,6 +25,7 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.bench.measure import compare, environment, peak_memory, write_jsonl
+from pytorchtricks.hardware import cpu_caps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--px", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "bf16+compile+fast_opt"))
-    p.add_argument("--out", default=os.path.join(HERE, "..", "results"))
+    p.add_argument("--out", default=os.path.join(HERE, "..", "results", cpu_caps().cpu_class))
     args = p.parse_args(argv)
     variants = [
         v for v in VARIANTS if v in args.variants.split(",") or v.split(":")[0] in args.variants.split(",")

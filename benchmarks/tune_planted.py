@@ -2,8 +2,8 @@
 combination better than each single fix? Do two runs recommend the same tricks with agreeing speedups?
 
 Planted: conv layers with a bias feeding BatchNorm; fp32 on a CPU with native bf16; an input-bound loader
-(num_workers=0, PNG photos decoded per sample). Writes results/tune-planted.jsonl (every receipt row, with the
-environment) and results/tune-planted.md. Run with `make bench-tune` (under flock: one benchmark at a time).
+(num_workers=0, PNG photos decoded per sample). Writes results/<cpu class>/tune-planted.jsonl (every receipt row, with the
+environment) and results/<cpu class>/tune-planted.md. Run with `make bench-tune` (under flock: one benchmark at a time).
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def _verify_table(res: dict) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="results")
+    from pytorchtricks.hardware import cpu_caps  # results are filed by CPU class
+
+    ap.add_argument("--out", default=os.path.join("results", cpu_caps().cpu_class))
     ap.add_argument("--budget", type=float, default=150.0, help="seconds per tune run")
     args = ap.parse_args()
 
