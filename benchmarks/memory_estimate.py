@@ -1,9 +1,11 @@
 """How close ``ptt.estimate_memory`` comes to the measured peak of a training step, and what find_batch_size picks.
 
-For each model x optimizer: the estimate (params + grads + optimizer state + saved activations + modelled
-workspace) next to the measured peak of live tensor bytes during a steady-state step on CPU (allocator events
-replayed, ``bench.measure.peak_memory``). Then ``find_batch_size`` on ResNet-18 at 64 px under a 256 MiB budget:
-every fitting multiple of 8 timed, the fastest kept. Run under ``flock /tmp/ptt-bench.lock`` (``make
+For each model x optimizer: the estimate (params + grads + optimizer state + saved activations + the workspace
+measured on the probe step: backward's transient peak, or the optimizer step's) next to the measured peak of live
+tensor bytes during a steady-state step on CPU (allocator events replayed, ``bench.measure.peak_memory``). The
+workspace is the backend's (oneDNN's scratchpads depend on the ISA and the thread count, both in every row's
+environment). Then ``find_batch_size`` on ResNet-18 at 64 px under a 256 MiB budget: every fitting multiple of 8
+timed, the fastest kept. Run under ``flock /tmp/ptt-bench.lock`` (``make
 bench-memory``) because the batch-size search times training steps.
 
     make bench-memory
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"kind": "estimate", "model": name, "shape": shape, "optimizer": opt_name, "env": env,
                          **{k: getattr(b, k) for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes",
                                                        "activation_bytes", "input_bytes", "workspace_bytes",
+                                                       "backward_workspace_bytes", "optimizer_workspace_bytes",
                                                        "total_bytes", "measured_peak_bytes")}, "error": err})  # fmt: skip
             md.append(
                 f"| {name} | {shape[0]} | {opt_name} | {b.param_bytes / MiB:.1f} | {b.grad_bytes / MiB:.1f} | "
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             print(md[-1], flush=True)
     md += [
         "",
-        "MiB; measured peak = live tensor bytes before the step + CPU allocator peak during it (cpu_tracked).",
+        "MiB; workspace = measured transient above the activations at the step's peak (backward, or the optimizer",
+        "step when larger); measured peak = live tensor bytes before the step + CPU allocator peak during it",
+        "(cpu_tracked).",
         "",
     ]
     if not args.skip_search:

@@ -2,12 +2,18 @@
 
 A training step holds: parameters, gradients (one per trainable parameter), optimizer state (Adam: two per
 parameter), the activations autograd saves for backward, and transient workspace. Parameters and gradients follow
-from shapes; optimizer state comes from two steps on a copy (so any optimizer works), which also measures the
-optimizer's transient temporaries (foreach/fused buffers); activations are *measured* by one probe forward with
-``saved_tensors_hooks``: exact bytes per module, storages counted once, parameters, buffers and the input batch
-excluded (they are live anyway). Backward workspace is modelled: two activation-sized gradient buffers in flight,
-or the gradient temporaries of the largest parameter (x2 for convolutions). The total is checked against the peak
-of live tensor bytes replayed from the CPU allocator (``bench.measure.peak_memory``) in the tests.
+from shapes. Everything else is measured on a copy of the model with one probe step: a forward under
+``saved_tensors_hooks`` gives the exact saved bytes per module (storages counted once; parameters, buffers and the
+input batch excluded: they are live anyway), the backward that follows runs under the allocator meter
+(``bench.measure.peak_memory``) with gradients already allocated, as in every step but the first, and two optimizer
+steps give the state and the step's own temporaries (foreach/fused buffers, Adam's ``sqrt``/``div``).
+
+The backward workspace is measured, not modelled, because the backend decides it: oneDNN picks a backward-weights
+kernel per shape, ISA and thread count (limited to AVX2, ResNet-18's 512-channel 3x3 convs at 2x2 pixels fall back
+to ``gemm:jit``, whose scratchpad holds several weight copies *per thread*, where ``jit:avx2`` at 4x4 pixels needs
+none), and the gradients in flight scale with the batch. So the estimate holds for the thread count and ISA limits of the process that made it
+(``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``). The total is checked against the peak of live tensor bytes of a
+real steady-state step (``measure_step_peak``) in the tests.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display, preserved_state
+from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display
 from pytorchtricks.core import PttError
 
 __all__ = ["BatchSizeResult", "MemoryBreakdown", "estimate_memory", "find_batch_size", "memory_breakdown"]
@@ -56,9 +62,11 @@ def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
 class MemoryBreakdown:
     """Bytes of one training step by kind; ``per_module`` lists saved-activation bytes per module path.
 
-    ``total_bytes`` = params + grads + optimizer state + activations (+ the input batch). ``measured_peak_bytes`` is
-    the measured peak of live tensor bytes during a steady-state step (``None`` when not measured) and
-    ``peak_method`` says how it was measured.
+    ``total_bytes`` = params + buffers + grads + optimizer state + input batch + the larger of the two transient
+    peaks: backward (saved activations + ``backward_workspace_bytes``, the measured excess of the probe's forward +
+    backward peak over them) and the optimizer step (``optimizer_workspace_bytes``, when the activations are already
+    freed). ``measured_peak_bytes`` is the measured peak of live tensor bytes during a steady-state step (``None``
+    when not measured) and ``peak_method`` says how it was measured.
     """
 
     param_bytes: int
@@ -67,12 +75,18 @@ class MemoryBreakdown:
     optimizer_state_bytes: int
     activation_bytes: int
     input_bytes: int
-    workspace_bytes: int = 0
+    backward_workspace_bytes: int = 0
+    optimizer_workspace_bytes: int = 0
     per_module: list[tuple[str, str, int]] = field(
         default_factory=list
     )  # (path, type, saved bytes), largest first
     measured_peak_bytes: int | None = None
     peak_method: str = ""
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Transient bytes on top of the saved activations at the step's peak (backward or optimizer step)."""
+        return max(self.backward_workspace_bytes, self.optimizer_workspace_bytes - self.activation_bytes, 0)
 
     @property
     def total_bytes(self) -> int:
@@ -101,9 +115,13 @@ class MemoryBreakdown:
             ("optimizer state", self.optimizer_state_bytes),
             ("activations (saved for backward)", self.activation_bytes),
             ("input batch", self.input_bytes),
-            ("workspace (transient, modelled)", self.workspace_bytes),
+            ("workspace (transient, measured)", self.workspace_bytes),
         ]
         lines = [f"{name:<34} {nbytes / MiB:>10.2f} MiB" for name, nbytes in parts]
+        lines.append(
+            f"{'  (backward / optimizer step)':<34} {self.backward_workspace_bytes / MiB:>10.2f} / "
+            f"{self.optimizer_workspace_bytes / MiB:.2f} MiB"
+        )
         lines.append(f"{'total (estimate)':<34} {self.total_bytes / MiB:>10.2f} MiB")
         if self.measured_peak_bytes is not None:
             err = self.total_bytes / self.measured_peak_bytes - 1 if self.measured_peak_bytes else 0.0
@@ -123,9 +141,9 @@ class _SavedByModule:
         self.tracker = tracker
         self.exclude = exclude
         self.inputs = inputs
+        # (module path, bytes) per storage; no reference here keeps a saved tensor alive into the backward
         self.by_key: dict[tuple[int, int], tuple[str, int]] = {}
         self.input_bytes: dict[tuple[int, int], int] = {}
-        self.largest = 0
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
@@ -135,27 +153,51 @@ class _SavedByModule:
             self.input_bytes[key] = t.untyped_storage().nbytes()
         elif key not in self.by_key:
             self.by_key[key] = (self.tracker.current, t.untyped_storage().nbytes())
-            self.largest = max(self.largest, t.untyped_storage().nbytes())
         return t
 
 
-def _saved_activations(
-    model: nn.Module, args: tuple[Any, ...], loss_fn: LossFn
-) -> tuple[int, int, list[tuple[str, str, int]], int]:
-    """(activation bytes, input bytes saved, per-module rows, largest storage) from one probe forward."""
+@dataclass(frozen=True)
+class _Probe:
+    activation_bytes: int  # saved for backward, parameters, buffers and the input excluded
+    input_bytes: int  # the part of the input batch that is saved
+    per_module: list[tuple[str, str, int]]
+    peak_bytes: int  # peak of live bytes allocated during forward + backward (above what was live before)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _probe_step(model: nn.Module, args: tuple[Any, ...], loss_fn: LossFn) -> _Probe:
+    """One forward (saved bytes per module) and backward on ``model`` - a copy - under the allocator meter.
+
+    Gradients are allocated first, as in every step but the first: backward then adds each new gradient into
+    ``.grad`` and frees it, so the peak holds only the backend's own transients (kernel scratchpads, the gradients
+    in flight, reorders) on top of the saved activations that have not been freed yet.
+    """
+    from pytorchtricks.bench.measure import peak_memory
+
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
     exclude = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
     inputs = {_storage_key(t) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
     tracker = ModuleTracker(model)
     saver = _SavedByModule(tracker, exclude, inputs)
-    with preserved_state(model), tracker, torch.autograd.graph.saved_tensors_hooks(saver.pack, lambda t: t):
-        loss = loss_fn(model(*args))
-    del loss  # the graph (and the saved tensors) go with it
+
+    def step() -> None:
+        with tracker, torch.autograd.graph.saved_tensors_hooks(saver.pack, lambda t: t):
+            loss = loss_fn(model(*args))
+        if loss.requires_grad:  # the graph (and the saved tensors) go with the loss, inside the meter
+            loss.backward()
+
+    peak = peak_memory(step, _device_of(model)).peak_bytes
     per: dict[str, int] = {}
     for path, nbytes in saver.by_key.values():
         per[path] = per.get(path, 0) + nbytes
     modules = dict(model.named_modules())
     rows = sorted(((p, type(modules.get(p, model)).__name__, b) for p, b in per.items()), key=lambda r: -r[2])
-    return sum(per.values()), sum(saver.input_bytes.values()), rows, saver.largest
+    return _Probe(sum(per.values()), sum(saver.input_bytes.values()), rows, peak)
 
 
 def _copy_with_optimizer(
@@ -188,38 +230,24 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def _optimizer_probe(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:
-    """(state bytes, transient bytes of one step) from two steps on a copy with zero gradients.
+def _optimizer_probe(
+    clone: nn.Module, opt: torch.optim.Optimizer | None, original: torch.optim.Optimizer | None
+) -> tuple[int, int]:
+    """(state bytes, transient bytes of one step) from two steps of ``opt`` over ``clone`` with zero gradients.
 
-    The transient (foreach/fused temporaries) is measured on the second step, when the state exists.
+    The transient (foreach/fused temporaries; the single-tensor Adam's ``sqrt``/``div`` of each parameter) is
+    measured on the second step, when the state exists.
     """
     from pytorchtricks.bench.measure import peak_memory
 
-    if optimizer is None:
+    if opt is None or original is None:
         return 0, 0
-    clone, opt = _copy_with_optimizer(model, optimizer)
-    assert opt is not None
     for p in clone.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
     opt.step()
-    device = next((p.device for p in clone.parameters()), torch.device("cpu"))
-    transient = peak_memory(opt.step, device).peak_bytes
-    return (_state_bytes(optimizer) if optimizer.state else _state_bytes(opt)), transient
-
-
-def _backward_workspace(model: nn.Module, largest_saved: int) -> int:
-    """Transient bytes of backward, modelled: two activation-sized gradient buffers in flight, or the gradient
-    temporaries of the largest parameter (accumulated into ``.grad``; conv backward holds two weight-sized buffers).
-    """
-    conv_params = {
-        id(p) for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd) for p in m.parameters()
-    }
-    param_ws = max(
-        ((2 if id(p) in conv_params else 1) * p.nbytes for p in model.parameters() if p.requires_grad),
-        default=0,
-    )
-    return max(2 * largest_saved, param_ws)
+    transient = peak_memory(opt.step, _device_of(clone)).peak_bytes
+    return (_state_bytes(original) if original.state else _state_bytes(opt)), transient
 
 
 def estimate_memory(
@@ -229,11 +257,14 @@ def estimate_memory(
     *,
     loss_fn: LossFn | None = None,
 ) -> MemoryBreakdown:
-    """Estimate a training step's memory: params, grads, optimizer state, activations (one probe forward), total.
+    """Estimate a training step's memory: params, grads, optimizer state, activations, workspace, total.
 
-    ``example_batch`` is the model input (a tensor or a tuple of positional arguments); ``loss_fn(output)`` makes
-    the scalar to differentiate (default: mean of the floating outputs; a real loss adds negligible memory). The
-    model and optimizer are left unchanged.
+    One probe step on a copy of the model measures what the backend allocates: a forward and backward of
+    ``example_batch`` (saved activations per module, the backward's transient peak) and two optimizer steps (state
+    and its temporaries). ``example_batch`` is the model input (a tensor or a tuple of positional arguments);
+    ``loss_fn(output)`` makes the scalar to differentiate (default: mean of the floating outputs; a real loss adds
+    negligible memory). The model and optimizer are left unchanged. The workspace is the one of this process's
+    kernels: its thread count and ISA limits (oneDNN's scratchpads are per thread).
 
     Example:
         >>> m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -245,17 +276,19 @@ def estimate_memory(
     args = as_args(example_batch)
     loss_fn = loss_fn or _default_loss
     params = list({id(p): p for p in model.parameters()}.values())
-    activations, input_bytes, rows, largest = _saved_activations(model, args, loss_fn)
-    state_bytes, optimizer_ws = _optimizer_probe(model, optimizer)
+    clone, opt = _copy_with_optimizer(model, optimizer)
+    probe = _probe_step(clone, args, loss_fn)
+    state_bytes, optimizer_ws = _optimizer_probe(clone, opt, optimizer)
     return MemoryBreakdown(
         param_bytes=_unique_bytes(params),
         buffer_bytes=_unique_bytes(list(model.buffers())),
         grad_bytes=sum(p.nbytes for p in params if p.requires_grad),
         optimizer_state_bytes=state_bytes,
-        activation_bytes=activations,
-        input_bytes=input_bytes,
-        workspace_bytes=max(optimizer_ws, _backward_workspace(model, largest)),
-        per_module=rows,
+        activation_bytes=probe.activation_bytes,
+        input_bytes=probe.input_bytes,
+        backward_workspace_bytes=max(probe.peak_bytes - probe.activation_bytes, 0),
+        optimizer_workspace_bytes=optimizer_ws,
+        per_module=probe.per_module,
     )
 
 
@@ -351,6 +384,23 @@ class BatchSizeResult:
         return "\n".join(lines)
 
 
+def _predict_bytes(e1: MemoryBreakdown, e2: MemoryBreakdown, n1: int, n2: int, n: int) -> int:
+    """Bytes of a step at batch ``n`` from the estimates at batches ``n1`` < ``n2``.
+
+    The input and the backward's peak (saved activations + backward workspace: gradients in flight grow with the
+    batch, kernel scratchpads may not) are extrapolated linearly; weights, grads, optimizer state and the optimizer
+    step's temporaries do not depend on the batch. At ``n1`` and ``n2`` this is exactly ``total_bytes``.
+    """
+
+    def at(part: Callable[[MemoryBreakdown], int]) -> float:
+        return part(e1) + (part(e2) - part(e1)) * (n - n1) / (n2 - n1)
+
+    fixed = e2.param_bytes + e2.buffer_bytes + e2.grad_bytes + e2.optimizer_state_bytes
+    backward = at(lambda e: e.activation_bytes + e.backward_workspace_bytes)
+    optimizer = max(e1.optimizer_workspace_bytes, e2.optimizer_workspace_bytes)
+    return int(fixed + max(at(lambda e: e.input_bytes), 0.0) + max(backward, optimizer, 0.0))
+
+
 def _snap8(n: int) -> int:
     return max(8, n // 8 * 8)
 
@@ -379,9 +429,10 @@ def find_batch_size(
 ) -> BatchSizeResult:
     """Pick the *fastest* batch size (samples/s) whose training step fits ``budget_bytes``, in multiples of 8.
 
-    Memory per candidate is predicted from two probes (activations grow linearly with the batch); every
-    candidate that fits is timed (a few training steps on a copy of the model, ``bench.measure``), and the winner
-    is checked by running a real step and measuring its peak (falling back to the next fastest if it does not fit).
+    Memory per candidate is predicted from two probes (the backward's measured peak grows linearly with the
+    batch, the optimizer's part does not); every candidate that fits is timed (a few training steps on a copy of
+    the model, ``bench.measure``), and the winner is checked by running a real step and measuring its peak (falling
+    back to the next fastest if it does not fit).
     ``make_batch(n)`` returns the model input for batch size ``n``. The model and optimizer are left unchanged.
 
     Example:
@@ -400,11 +451,9 @@ def find_batch_size(
     small, big = cands[0], max(cands[0] * 2, 16)
     e1 = estimate_memory(model, make_batch(small), optimizer, loss_fn=loss_fn)
     e2 = estimate_memory(model, make_batch(big), optimizer, loss_fn=loss_fn)
-    per_sample = (e2.total_bytes - e1.total_bytes) / (big - small)
-    fixed = e1.total_bytes - per_sample * small
     rows: list[dict[str, Any]] = []
     for b in cands:
-        predicted = int(fixed + per_sample * b)
+        predicted = _predict_bytes(e1, e2, small, big, b)
         rows.append(
             {
                 "batch_size": b,

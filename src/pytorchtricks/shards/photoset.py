@@ -5,6 +5,8 @@ become thousands of distinct natural JPEGs: random crops (area 5-100%, aspect 3:
 long side of 512-1024 px and re-encoded at quality 80-95, all drawn from a generator seeded by (seed, item index).
 Classes are the source package: ``lomiri``, ``mate``, ``plasma``. Same seed and count -> the same files, byte for
 byte, on the same Pillow/libjpeg build. Run ``make data`` (or ``python -m pytorchtricks.shards.photoset DST``).
+With ``min_mp`` the set is high-resolution instead: crops of at least that many megapixels kept at the photo's
+native resolution (no resize), as a camera would deliver them - the seed's case (``ptt tune``'s default workload).
 """
 
 from __future__ import annotations
@@ -49,27 +51,46 @@ def wallpaper_sources() -> list[tuple[str, str]]:
     return found
 
 
-def _load_source(path: str) -> Any:
+def _load_source(path: str, native: bool = False) -> Any:
     from PIL import Image
 
     img = Image.open(path)
     w, h = img.size
     f = _WORK_LONG_SIDE / max(w, h)
-    if f < 1:
+    if f < 1 and not native:
         img.draft("RGB", (int(w * f), int(h * f)))
     return img.convert("RGB")
 
 
-def _make_one(img: Any, seed: int, index: int) -> bytes:
+def _megapixels(path: str) -> float:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.size[0] * img.size[1] / 1e6
+
+
+def _make_one(img: Any, seed: int, index: int, min_mp: float | None = None) -> bytes:
     from PIL import Image
 
     rng = np.random.default_rng([seed, index])
     w, h = img.size
-    area = w * h * rng.uniform(0.05, 1.0)
+    lo = 0.05 if min_mp is None else min(1.0, min_mp * 1e6 / (w * h))
+    area = w * h * rng.uniform(lo, 1.0)
     aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
     cw = int(min(w, max(32, round(np.sqrt(area * aspect)))))
     ch = int(min(h, max(32, round(np.sqrt(area / aspect)))))
+    if min_mp is not None and cw * ch < min_mp * 1e6:  # the aspect clipped one side: widen the other
+        cw, ch = (
+            (min(w, -(-int(min_mp * 1e6) // ch)), ch) if cw < w else (cw, min(h, -(-int(min_mp * 1e6) // cw)))
+        )
     left, top = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+    if min_mp is not None:  # native resolution: crop, flip, re-encode
+        out = img.crop((left, top, left + cw, top + ch))
+        if rng.random() < 0.5:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        buf = io.BytesIO()
+        out.save(buf, "JPEG", quality=int(rng.integers(85, 96)))
+        return buf.getvalue()
     long_side = min(max(cw, ch), int(rng.integers(512, 1025)))
     scale = long_side / max(cw, ch)
     size = (max(16, round(cw * scale)), max(16, round(ch * scale)))
@@ -88,8 +109,8 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _job(args: tuple[str, str, str, int, list[int]]) -> list[tuple[int, str]]:
-    dst, cls, src, seed, items = args
+def _job(args: tuple[str, str, str, int, list[int], float | None]) -> list[tuple[int, str]]:
+    dst, cls, src, seed, items, min_mp = args
     img = None
     out = []
     for i in items:
@@ -99,8 +120,8 @@ def _job(args: tuple[str, str, str, int, list[int]]) -> list[tuple[int, str]]:
                 out.append((i, hashlib.sha256(fh.read()).hexdigest()))
             continue
         if img is None:
-            img = _load_source(src)
-        data = _make_one(img, seed, i)
+            img = _load_source(src, native=min_mp is not None)
+        data = _make_one(img, seed, i, min_mp)
         _write_atomic(path, data)
         out.append((i, hashlib.sha256(data).hexdigest()))
     return out
@@ -113,17 +134,22 @@ def build_photo_set(
     seed: int = 0,
     workers: int | None = None,
     max_sources: int | None = None,
+    min_mp: float | None = None,
 ) -> dict[str, Any]:
     """Write ``count`` distinct JPEGs to ``dst/<class>/<index>.jpg``; returns the summary also saved in ``dst``.
 
     Skips the work when ``dst`` already holds a complete set with the same count, seed and version.
     ``max_sources`` uses only that many wallpapers (spread over the classes): a quick small set for tests.
+    ``min_mp``: high-resolution crops of at least this many megapixels at native resolution, from the photos that
+    have that many (a 2 MP set is a miniature of a camera-photo dataset).
 
     Raises:
         PttError: no wallpaper packages installed (``make system-deps``), or two outputs came out identical.
     """
     dst = os.fspath(dst)
     want = {"version": VERSION, "count": int(count), "seed": int(seed), "max_sources": max_sources}
+    if min_mp is not None:
+        want["min_mp"] = float(min_mp)
     marker = os.path.join(dst, MARKER)
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as fh:
@@ -136,6 +162,10 @@ def build_photo_set(
             "no wallpaper photos found; install the Debian packages with `make system-deps` "
             "(lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers)."
         )
+    if min_mp is not None:
+        sources = [(c, p) for c, p in sources if _megapixels(p) >= min_mp]
+        if not sources:
+            raise PttError(f"no installed wallpaper photo has {min_mp} megapixels; lower min_mp.")
     if max_sources is not None:  # round robin over the classes, so every class keeps some photos
         by_class: dict[str, list[tuple[str, str]]] = {}
         for c, p in sources:
@@ -148,7 +178,7 @@ def build_photo_set(
     for s, (cls, src) in enumerate(sources):
         items = list(range(s, count, len(sources)))
         if items:
-            jobs.append((dst, cls, src, int(seed), items))
+            jobs.append((dst, cls, src, int(seed), items, min_mp))
     nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     if nproc == 1:
         results = [r for j in jobs for r in _job(j)]

@@ -1,0 +1,160 @@
+"""How a trick tells ``ptt tune`` to apply it: ``TUNE = TuneHook(...)`` beside ``TRICK`` in the trick's module.
+
+The catalogue is the only registry: tune enumerates the trick modules, keeps those with a ``TUNE`` hook, asks each
+hook whether it applies (``applies(facts)`` returns the reason it does not, or None), builds each configuration
+by letting the hooks edit a ``TuneSetup`` in their ``order``, checks it the way the hook says (``check``) and
+times it. Nothing under ``tune/`` names a trick.
+
+Bottom floor: this module imports nothing from pytorchtricks but ``core`` (torch only for types), so every trick
+module may import it.
+
+Example:
+    >>> hook = TuneHook(changes="model", check="exact", receipt="ptt.fuse_conv_bn_(model)", apply=lambda s, _: None)
+    >>> hook.applies(TuneFacts(phase="train")) is None, hook.cost
+    (True, 'free')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["TuneFacts", "TuneHook", "TuneSetup"]
+
+Changes = Literal["model", "optimizer", "loader", "precision", "step", "switch"]
+CheckKind = Literal["exact", "approximate", "data"]
+Cost = Literal["free", "cache", "repack", "compile"]
+CHANGES: tuple[str, ...] = ("model", "optimizer", "loader", "precision", "step", "switch")
+CHECKS: tuple[str, ...] = ("exact", "approximate", "data")
+COSTS: tuple[str, ...] = ("free", "cache", "repack", "compile")
+
+
+@dataclass
+class TuneFacts:
+    """What tune knows when it asks a hook whether its trick applies (the workload and its diagnosis).
+
+    Attributes:
+        phase: ``"train"`` or ``"infer"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        verdict: the diagnosis: ``"input-bound"``, ``"compute-bound"`` (or ``""`` before it is known).
+        data_wait_share: the share of the step spent waiting for the loader (0..1).
+        data_kind: ``"files"`` (an image folder), ``"pack"`` (a ``ptt pack`` folder), ``"synthetic"`` or
+            ``"dataset"`` (a user's dataset object).
+        data_bytes: bytes of the data tune sees (None when unknown).
+        num_samples: samples in the data tune sees.
+        input_size: the side of the model's input in pixels.
+        free_ram_bytes: available RAM (None when unknown).
+        cpu_count: CPU cores this process may use.
+        budget_left_s: seconds left of tune's time budget.
+        conv_bias_pairs: convolutions with a bias that feed a BatchNorm.
+        conv_bn_pairs: Conv -> BatchNorm pairs that can be folded.
+        has_conv2d: the model has 2-D convolutions.
+        native_bf16: the device computes bf16 natively (``hardware.cpu_caps().native_bf16`` on CPU).
+        baseline: the user's settings as tune found them (``num_workers``, ``pin_memory``, ``optimizer``...).
+    """
+
+    phase: str = "train"
+    device: str = "cpu"
+    verdict: str = ""
+    data_wait_share: float = 0.0
+    data_kind: str = "files"
+    data_bytes: int | None = None
+    num_samples: int = 0
+    input_size: int = 0
+    free_ram_bytes: int | None = None
+    cpu_count: int = 1
+    budget_left_s: float = float("inf")
+    conv_bias_pairs: int = 0
+    conv_bn_pairs: int = 0
+    has_conv2d: bool = False
+    native_bf16: bool = False
+    baseline: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_bound(self) -> bool:
+        return self.verdict == "input-bound"
+
+
+@dataclass
+class TuneSetup:
+    """One configuration under construction: hooks edit it in their ``order``; tune builds the step from it.
+
+    Model side: ``model`` (on the device), ``make_optimizer(params)``, ``forward`` (a compiled or quantized
+    callable; None: the model), ``precision`` (an object with ``autocast()``, ``backward(loss)`` and
+    ``step(opt)``, e.g. ``ptt.mixed_precision``; None: fp32), ``channels_last`` (inputs in that memory format),
+    ``switches`` (context-manager factories entered around every step).
+    Data side: ``dataset`` (what the library's loaders read; a hook may replace it, e.g. by its RAM cache),
+    ``loader`` (``"baseline"``: the user's pipeline, or ``"ptt"``: ``ptt.make_loader``), ``loader_kwargs``
+    (keyword arguments for ``make_loader``: workers, prefetch, pin), ``device_loader`` (callables wrapping the
+    built loader, e.g. ``prefetch_to_device``).
+    ``example`` is a float input batch on the device for hooks that need one; ``notes`` collect what a hook did.
+    """
+
+    model: Any
+    make_optimizer: Callable[[Any], Any]
+    device: Any
+    train: bool
+    example: Any
+    batch_size: int
+    input_size: int
+    dataset: Any = None
+    loader: str = "baseline"
+    loader_kwargs: dict[str, Any] = field(default_factory=dict)
+    device_loader: list[Callable[[Any], Any]] = field(default_factory=list)
+    forward: Any = None
+    precision: Any = None
+    channels_last: bool = False
+    switches: list[Callable[[], Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TuneHook:
+    """How ``ptt tune`` applies a trick; declared as ``TUNE = TuneHook(...)`` in the trick's module.
+
+    Attributes:
+        changes: what the trick changes: ``model``, ``optimizer``, ``loader``, ``precision``, ``step`` or
+            ``switch`` (a process-wide switch entered around the step). Loader tricks are timed on the whole step,
+            the others on the compute step with batches staged in memory.
+        check: how tune proves the configuration right: ``exact`` (outputs, gradients and the update equal the
+            untreated step's), ``approximate`` (loss parity and SQNR within ``bound``) or ``data`` (every sample
+            once per epoch, the same labels, batches of the expected dtype/shape, pixels within ``bound`` PSNR).
+        receipt: the line ``apply.py`` writes (``{batch_size}``, ``{input_size}``, ``{workers}`` are filled in).
+        apply: ``apply(setup, state)`` edits a ``TuneSetup``; ``state`` is what ``prepare`` returned (None).
+        applies: ``applies(facts)`` -> the reason the trick cannot help on this workload, or None.
+        prepare: optional one-time work shared by every configuration that uses the trick (a pack, a RAM cache,
+            a loader sweep): ``prepare(context) -> state``; tune times it and reports the cost.
+        cost: ``free``, ``cache`` (a one-time build in RAM), ``repack`` (a one-time rewrite of the data) or
+            ``compile`` (minutes of compilation).
+        order: where the hook runs when several apply (lower first): model rewrites 10-40, optimizer 50,
+            precision 60, step wrappers 70-80, data 100+.
+        fixes: the diagnosis finding it removes (kept when not measurably slower), e.g. ``"PTL001"``.
+        requires: tricks that must be in the same configuration (``cache_in_ram`` needs ``make_loader``).
+        bound: the named error bound of an approximate or data check, said in the receipt.
+    """
+
+    changes: Changes
+    check: CheckKind
+    receipt: str
+    apply: Callable[[TuneSetup, Any], None]
+    applies: Callable[[TuneFacts], str | None] = lambda facts: None
+    prepare: Callable[[Any], Any] | None = None
+    cost: Cost = "free"
+    order: int = 50
+    fixes: str | None = None
+    requires: tuple[str, ...] = ()
+    bound: str = ""
+
+    def __post_init__(self) -> None:
+        if self.changes not in CHANGES:
+            raise ValueError(f"TuneHook.changes must be one of {CHANGES}, got {self.changes!r}")
+        if self.check not in CHECKS:
+            raise ValueError(f"TuneHook.check must be one of {CHECKS}, got {self.check!r}")
+        if self.cost not in COSTS:
+            raise ValueError(f"TuneHook.cost must be one of {COSTS}, got {self.cost!r}")
+
+    @property
+    def scope(self) -> str:
+        """``"step"`` (timed with the loader) for loader tricks, else ``"compute"`` (batches staged)."""
+        return "step" if self.changes == "loader" else "compute"
