@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "PttError": "pytorchtricks.core",
     "MissingExtraError": "pytorchtricks.core",
     "NoEffectWarning": "pytorchtricks.core",
+    "PttWarning": "pytorchtricks.core",
     # catalogue and measuring engine
     "catalogue": "pytorchtricks.catalogue",
     "measure": "pytorchtricks.bench.measure",
@@ -41,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     # tricks/data
     "make_loader": "pytorchtricks.tricks.data.make_loader",
     "cache_in_ram": "pytorchtricks.tricks.data.cache_in_ram",
+    "list_arenas": "pytorchtricks.tricks.data.cache_in_ram",
+    "remove_arenas": "pytorchtricks.tricks.data.cache_in_ram",
+    "ArenaInfo": "pytorchtricks.tricks.data.cache_in_ram",
     "prefetch_to_device": "pytorchtricks.tricks.data.prefetch_to_device",
     "device_augment": "pytorchtricks.tricks.data.device_augment",
     "crop_boxes": "pytorchtricks.tricks.data.device_augment",
@@ -52,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "dataset_on_device": "pytorchtricks.tricks.data.dataset_on_device",
     "autotune_loader": "pytorchtricks.tricks.data.autotune_loader",
     "JpegFolder": "pytorchtricks.tricks.data._folder",
+    "split_folders": "pytorchtricks.tricks.data._folder",
     "pack": "pytorchtricks.tricks.data.pack",
     "decode_image": "pytorchtricks.tricks.data.decode_image",
     "image_size": "pytorchtricks.tricks.data.decode_image",

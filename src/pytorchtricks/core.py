@@ -77,6 +77,11 @@ class NoEffectWarning(UserWarning):
     """A trick was applied but changed nothing (e.g. no Conv->BN pair to fuse)."""
 
 
+class PttWarning(UserWarning):
+    """A notice: the call did what was asked, with a consequence worth knowing (samples dropped every epoch, an
+    arena left in ``/dev/shm``). Silence it with ``warnings.filterwarnings("ignore", category=ptt.PttWarning)``."""
+
+
 def require(module: str, extra: str, *, package: str | None = None) -> Any:
     """Import an optional dependency or raise ``MissingExtraError`` naming the extra to install.
 

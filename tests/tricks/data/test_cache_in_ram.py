@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import warnings
 
@@ -9,10 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from pytorchtricks.core import NoEffectWarning, PttError
+import pytorchtricks as ptt
+from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
 from pytorchtricks.tricks.data._images import decoders
-from pytorchtricks.tricks.data.cache_in_ram import CachedDataset, cache_in_ram
+from pytorchtricks.tricks.data.cache_in_ram import (
+    ArenaInfo,
+    CachedDataset,
+    cache_in_ram,
+    list_arenas,
+    remove_arenas,
+)
 from pytorchtricks.tricks.data.make_loader import _photo_bytes
+
+# the arena notice is tested below; elsewhere it is noise
+pytestmark = pytest.mark.filterwarnings("ignore::pytorchtricks.core.PttWarning")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +63,7 @@ def test_refuses_a_budget_it_cannot_meet_and_falls_back(jpegs, tmp_path):
     with pytest.raises(PttError, match="raise budget"):
         cache_in_ram(jpegs, size=30, budget=need, cache_dir=str(tmp_path), num_workers=0, strict=True)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", NoEffectWarning)  # a fallback would warn it
         ok = cache_in_ram(jpegs, size=30, budget=2 * need, cache_dir=str(tmp_path), num_workers=0)
     assert isinstance(ok, CachedDataset)
 
@@ -107,3 +118,87 @@ def test_datasets_over_one_folder_share_one_arena_across_processes(jpegs, tmp_pa
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == _key(JpegFolder(folder), 30, None)
+
+
+def test_says_where_the_arena_is_its_size_that_it_stays_and_how_to_remove_it(jpegs, tmp_path, monkeypatch):
+    with pytest.warns(PttWarning, match="built the arena") as rec:
+        a = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    msg = str(rec[0].message)
+    assert a.path in msg and "12 images, 42.2 KiB" in msg and "stays after this process exits" in msg
+    assert (
+        f"`rm -r {a.path}`" in msg and "ptt.remove_arenas" in msg and f"list_arenas({str(tmp_path)!r})" in msg
+    )
+    assert "RAM" not in msg  # a disk folder, not /dev/shm
+    with pytest.warns(PttWarning, match="reuses the arena"):
+        cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PttWarning)  # said once per node, by local rank 0
+        cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_list_arenas_finds_ready_building_and_abandoned(jpegs, tmp_path):
+    assert list_arenas(tmp_path / "none") == []
+    a = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    b = cache_in_ram(jpegs[:5], size=None, cache_dir=str(tmp_path), num_workers=0)
+    dead = tmp_path / f"{'0' * 16}.tmp{_dead_pid()}"  # a build killed before its rename
+    dead.mkdir()
+    (dead / "arena.u8").write_bytes(b"x" * 10)
+    (tmp_path / f"{'1' * 16}.tmp{os.getpid()}").mkdir()  # a build in progress (this process is alive)
+    (tmp_path / "notes").mkdir()  # not an arena: never listed
+    found = {x.path: x for x in list_arenas(tmp_path)}
+    assert set(found) == {a.path, b.path, *(str(p) for p in tmp_path.glob("*.tmp*"))}
+    info = found[a.path]
+    assert isinstance(info, ArenaInfo) and (info.state, info.images, info.size) == ("ready", 12, 30)
+    assert info.nbytes >= a.nbytes == 12 * 30 * 40 * 3 and info.created > 0 and "builtins.list" in info.source
+    assert found[b.path].size is None and found[b.path].images == 5
+    assert sorted(x.state for x in found.values()) == ["abandoned", "building", "ready", "ready"]
+    assert found[str(dead)].nbytes == 10 and found[str(dead)].pid == int(dead.name.split(".tmp")[1])
+    assert (
+        ptt.list_arenas is list_arenas and ptt.remove_arenas is remove_arenas and ptt.ArenaInfo is ArenaInfo
+    )
+
+
+def test_remove_arenas_checks_first_and_frees_what_it_lists(jpegs, tmp_path):
+    a = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
+    b = cache_in_ram(jpegs, size=20, cache_dir=str(tmp_path), num_workers=0)
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "x.txt").write_text("mine")
+    with pytest.raises(PttError, match="not a cache_in_ram arena"):
+        remove_arenas([a.path, str(keep)])
+    assert os.path.isdir(a.path) and (keep / "x.txt").exists(), "a refused call must remove nothing"
+    building = tmp_path / f"{'1' * 16}.tmp{os.getpid()}"
+    building.mkdir()
+    with pytest.raises(PttError, match="being built by process"):
+        remove_arenas(str(building))
+    before = a.read_raw(3)[0].copy()
+    removed = remove_arenas([a.path])
+    assert [r.path for r in removed] == [a.path] and not os.path.exists(a.path)
+    assert np.array_equal(a.read_raw(3)[0], before), "a process that mapped the arena keeps reading it"
+    (tmp_path / f"{'0' * 16}.tmp{_dead_pid()}").mkdir()
+    removed = remove_arenas("all", cache_dir=tmp_path)
+    assert sorted(r.state for r in removed) == ["abandoned", "ready"] and b.path in [r.path for r in removed]
+    assert [x.state for x in list_arenas(tmp_path)] == ["building"], "a running build is left alone"
+    assert (keep / "x.txt").exists()
+    c = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)  # rebuilt after removal
+    assert np.array_equal(c.read_raw(3)[0], before)
+
+
+def test_default_cache_dir_is_dev_shm(monkeypatch, tmp_path):
+    import pytorchtricks.tricks.data._arena as arena
+
+    assert arena.DEFAULT_DIR == "/dev/shm/ptt-cache"
+    monkeypatch.setattr(arena, "DEFAULT_DIR", str(tmp_path))  # never touch the real /dev/shm from a test
+    cache_in_ram([(torch.zeros(3, 4, 4, dtype=torch.uint8), 0)], None, cache_dir=str(tmp_path), num_workers=0)
+    assert [x.images for x in list_arenas()] == [1]

@@ -12,11 +12,14 @@ import torch
 from PIL import Image
 
 import pytorchtricks as ptt
-from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
 from pytorchtricks.tricks.data._images import resize_hwc, rrc_box
 from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
 
 N = 37  # prime: no batch size or world size divides it
+
+# drop_last's notice and cache_in_ram's arena notice are tested where they are meant; elsewhere they are noise
+pytestmark = pytest.mark.filterwarnings("ignore::pytorchtricks.core.PttWarning")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,9 @@ def test_exactly_once_across_workers_and_ranks(jpegs, tmp_path, cache, workers):
     data = jpegs
     if cache:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # the cache must really be built here, not fall back
+            warnings.simplefilter(
+                "error", NoEffectWarning
+            )  # the cache must really be built here, not fall back
             data = ptt.cache_in_ram(jpegs, size=48, cache_dir=str(tmp_path), num_workers=0)
         assert isinstance(data, ptt.cache_in_ram.__globals__["CachedDataset"])
     for world in (1, 2):
@@ -61,6 +66,26 @@ def test_drop_last_gives_equal_steps_per_rank_and_no_repeats(jpegs):
         seen += [int(v) for _, y in batches for v in y]
     assert len(set(per_rank)) == 1 and per_rank[0] == (N // 3) // 5
     assert len(seen) == len(set(seen))
+    assert loader.dropped_per_epoch == N - len(seen) == 7  # 37 -> 12 per rank -> 2 batches of 5 each
+
+
+def test_drop_last_says_once_how_many_samples_it_drops(jpegs):
+    with pytest.warns(
+        PttWarning, match=r"drops 2 of 37 samples every epoch.*reshuffled.*drop_last=False"
+    ) as rec:
+        loader = make_loader(jpegs, 5, crop=16, num_workers=0)
+    assert len(rec) == 1 and loader.dropped_per_epoch == 2
+    assert len(_labels(loader)) == N - loader.dropped_per_epoch
+    with pytest.warns(PttWarning, match=r"drops 7 of 37 .*world_size=3.*never seen"):  # said by rank 0 only
+        make_loader(jpegs, 5, crop=16, num_workers=0, shuffle=False, rank=0, world_size=3)
+    with pytest.warns(PttWarning, match=r"all of them: the loader yields no batch"):
+        assert len(make_loader(jpegs[:3], 5, crop=16, num_workers=0)) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PttWarning)
+        assert make_loader(jpegs, 5, crop=16, num_workers=0, rank=1, world_size=3).dropped_per_epoch == 7
+        kept = make_loader(jpegs, 5, crop=16, num_workers=0, drop_last=False)
+        assert kept.dropped_per_epoch == 0 and len(_labels(kept)) == N
+        assert make_loader(jpegs[:35], 5, crop=16, num_workers=0).dropped_per_epoch == 0  # 5 divides 35
 
 
 def test_epochs_reshuffle_and_are_seeded_independent_of_workers(jpegs):
@@ -137,8 +162,11 @@ def test_stream_dataset_is_split_by_its_workers():
             for i in range(wid, 23, nw):
                 yield torch.full((3, 8, 8), i, dtype=torch.uint8), i, {}
 
-    labels = sorted(_labels(make_loader(Stream(), 4, crop=None, drop_last=False, num_workers=2)))
-    assert labels == list(range(23))
+    loader = make_loader(Stream(), 4, crop=None, drop_last=False, num_workers=2)
+    assert sorted(_labels(loader)) == list(range(23))
+    assert loader.dropped_per_epoch == 0
+    # a stream splits itself: with drop_last its remainder is unknown up front
+    assert make_loader(Stream(), 4, crop=None, num_workers=0).dropped_per_epoch is None
 
 
 def test_misuse_raises_with_the_fix():

@@ -1,6 +1,7 @@
 """``JpegFolder``: an ImageFolder tree read as encoded bytes, with a numpy-backed index (no copy-on-write growth).
 
 Not a trick: the plain-files input of ``make_loader``, the data doctor and the benchmark, when no shards exist.
+``split_folders`` recognises an ImageNet-style root (``ROOT/train`` + ``ROOT/val``), whose splits are not classes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,40 @@ import numpy as np
 from pytorchtricks.core import PttError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+# folder name (lower case) -> split; the first found wins when a root has several names for one split
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+
+
+def _subdirs(path: str) -> list[os.DirEntry[str]]:
+    return sorted((e for e in os.scandir(path) if e.is_dir()), key=lambda e: e.name)
+
+
+def split_folders(root: str | os.PathLike[str]) -> dict[str, str]:
+    """The split folders of an ImageNet-style root, ``{"train": ROOT/train, "val": ROOT/val, ...}``, else ``{}``.
+
+    ImageNet-style: ``ROOT/train`` holds class folders and a sibling names another split (``val``, ``valid``,
+    ``validation`` -> ``"val"``; ``test`` -> ``"test"``; case ignored). Each split is then its own ImageFolder
+    tree: ``JpegFolder(split_folders(ROOT)["train"])``. A class tree (``ROOT/<class>/<image>``) gives ``{}``.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> for sub in ("train/cat", "train/dog", "val/cat"):
+        ...     os.makedirs(os.path.join(d, sub))
+        >>> {k: os.path.relpath(v, d) for k, v in split_folders(d).items()}
+        {'train': 'train', 'val': 'val'}
+    """
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        return {}
+    found: dict[str, str] = {}
+    for e in _subdirs(root):
+        split = SPLIT_NAMES.get(e.name.lower())
+        if split is not None and split not in found:
+            found[split] = e.path
+    if "train" not in found or len(found) < 2 or not _subdirs(found["train"]):
+        return {}
+    return found
 
 
 class JpegFolder:
@@ -33,8 +68,17 @@ class JpegFolder:
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise PttError(f"{root!r} is not a folder; pass an ImageFolder tree (one sub-folder per class).")
+        splits = split_folders(root)
+        if splits:  # the splits would silently become classes: train = 0, val = 1, each holding every class
+            names = ", ".join(os.path.basename(p) for p in splits.values())
+            raise PttError(
+                f"{root!r} holds dataset splits ({names}), not classes: pass one split, "
+                f"JpegFolder({splits['train']!r}) for training"
+                + "".join(f", JpegFolder({p!r}) for {k}" for k, p in splits.items() if k != "train")
+                + "; ptt.split_folders(root) returns them."
+            )
         self.root = root
-        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.classes = [e.name for e in _subdirs(root)]
         paths: list[str] = []
         labels: list[int] = []
         for label, cls in enumerate(self.classes):

@@ -114,6 +114,26 @@ def rrc_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+def eval_geometry(
+    height: int, width: int, resize: int, crop: tuple[int, int]
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """torchvision's eval recipe, ``Resize(resize)`` (short side) then ``CenterCrop(crop)``: the resized
+    ``(height, width)`` and the crop's ``(top, left)`` in it.
+
+    torchvision's arithmetic (long side truncated, offsets rounded), so the crop covers the same pixels. The whole
+    image is resized, then cropped, because that keeps it exact: a box cut from the source first would be rounded
+    to whole source pixels, a shift of up to half a source pixel (most of an output pixel when a small photo is
+    enlarged). Needs ``resize >= max(crop)``.
+
+    Example:
+        >>> eval_geometry(375, 500, 256, (224, 224))  # a 500x375 photo -> 341x256, crop from (16, 58)
+        ((256, 341), (16, 58))
+    """
+    long = int(resize * max(height, width) / min(height, width))
+    rh, rw = (resize, long) if height <= width else (long, resize)
+    return (rh, rw), (round((rh - crop[0]) / 2), round((rw - crop[1]) / 2))
+
+
 def resize_hwc(
     arr: np.ndarray, size: tuple[int, int], *, area: bool = True, out: np.ndarray | None = None
 ) -> np.ndarray:
@@ -201,7 +221,12 @@ def read_item(dataset: Any, i: int) -> tuple[Any, int]:
 
 
 class SampleMaker:
-    """Picklable per-sample pipeline: raw -> (crop box -> crop-aware decode or crop+resize) -> flip -> HxWx3."""
+    """Picklable per-sample pipeline: raw -> (crop box -> crop-aware decode or crop+resize) -> flip -> HxWx3.
+
+    Training crops RandomResizedCrop's box (``scale``, ``ratio``). With ``resize`` set it is the eval recipe
+    (``eval_geometry``): the whole image decoded at the largest DCT scale that keeps its short side >= ``resize``
+    (the same ``crop_decode``, with the whole image as the box), resized once, centre-cropped.
+    """
 
     def __init__(
         self,
@@ -211,12 +236,16 @@ class SampleMaker:
         flip: bool,
         backend: str = "auto",
         scaled_decode: bool = True,
+        *,
+        resize: int | None = None,
     ) -> None:
         self.crop, self.scale, self.ratio, self.flip, self.backend = crop, scale, ratio, flip, backend
-        self.scaled_decode = scaled_decode
+        self.scaled_decode, self.resize = scaled_decode, resize
 
     def __call__(self, raw: Any, rng: np.random.Generator, out: np.ndarray | None = None) -> np.ndarray:
         """The sample as HxWx3 uint8; written into ``out`` (one copy, flip included) when given."""
+        if self.resize is not None and self.crop is not None:
+            return self._eval(raw, self.resize, self.crop, rng, out)
         decode, size_of = decoders()
         if is_encoded(raw):
             if self.crop is None:
@@ -233,9 +262,8 @@ class SampleMaker:
             arr = to_hwc(raw)
             if self.crop is not None:
                 t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], self.scale, self.ratio, rng)
-                if (
-                    out is not None
-                ):  # decoded pixels (RAM cache): resize straight into the batch, flip in place
+                if out is not None:
+                    # decoded pixels (RAM cache): resize straight into the batch, flip in place
                     resize_hwc(arr[t : t + h, lf : lf + w], self.crop, out=out)
                     return hflip(out, out) if self.flip and rng.random() < 0.5 else out
                 arr = resize_hwc(arr[t : t + h, lf : lf + w], self.crop)
@@ -245,6 +273,29 @@ class SampleMaker:
             out[...] = arr
             return out
         return arr
+
+    def _eval(
+        self, raw: Any, resize: int, crop: tuple[int, int], rng: np.random.Generator, out: np.ndarray | None
+    ) -> np.ndarray:
+        if is_encoded(raw):
+            decode, size_of = decoders()
+            h0, w0 = size_of(raw)
+            sized, (t, lf) = eval_geometry(h0, w0, resize, crop)
+            if self.scaled_decode:  # the DCT scale keeps the short side >= resize; one resize after it
+                arr = crop_decode(decode, raw, (h0, w0), (0, 0, h0, w0), sized, self.backend)
+            else:
+                arr = resize_hwc(decode(raw, backend=self.backend), sized)
+        else:  # decoded pixels (a RAM cache at short side == resize: the resize is a no-op)
+            arr = to_hwc(raw)
+            sized, (t, lf) = eval_geometry(arr.shape[0], arr.shape[1], resize, crop)
+            arr = resize_hwc(arr, sized)
+        view = arr[t : t + crop[0], lf : lf + crop[1]]
+        if self.flip and rng.random() < 0.5:  # only when asked for (flip=True): eval does not flip by default
+            return hflip(view, out)
+        if out is not None:
+            out[...] = view
+            return out
+        return np.ascontiguousarray(view)
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:

@@ -7,7 +7,9 @@ When: datasets whose decoded, resized pixels fit in RAM (``/dev/shm``) or on loc
 Caveats: the admission check extrapolates from a sample of images and keeps a safety margin; if the arena would not
 fit it warns and returns the dataset unchanged (``strict=True`` raises instead). The cache stores images with their
 short side resized to ``size`` (aspect kept): random crops then come from that smaller image, not the original.
-Rebuilt when the dataset length, size or key changes; delete ``cache_dir`` to force it.
+Rebuilt when the dataset length, size or key changes. The arena outlives the process by design (later runs and
+other ranks reuse it) and holds its RAM in ``/dev/shm`` until removed: each call warns ``PttWarning`` with where it
+is, its size and how to remove it; ``list_arenas()`` lists them, ``remove_arenas(paths or "all")`` frees them.
 See also: make_loader, dataset_on_device; 借助内存 / YOLOv5 --cache ram.
 """
 
@@ -23,14 +25,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo
+from pytorchtricks.tricks.data._arena import (
+    DEFAULT_DIR,
+    FORMAT,
+    CachedDataset,
+    in_ram,
+    list_arenas,
+    remove_arenas,
+)
+from pytorchtricks.tricks.data._arena import (
+    ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
+)
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
 
-__all__ = ["cache_in_ram"]
+__all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
-RAM_DIR = "/dev/shm"
 SAFETY = 1.3  # need x 1.3 must fit: sample estimates err, and the OS still needs page cache (YOLOv5 uses 1.1)
 
 
@@ -50,51 +62,11 @@ def _decoded(raw: Any, size: int | None) -> np.ndarray:
     return np.ascontiguousarray(resize_hwc(arr, _short_side(arr.shape[0], arr.shape[1], size)))
 
 
-class CachedDataset:
-    """Map-style view of a built arena: ``read_raw(i) -> (HxWx3 uint8 view, label, {})``; pickles by path."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        with open(os.path.join(path, "index.json"), encoding="utf-8") as fh:
-            self.meta = json.load(fh)
-        self._arena: np.ndarray | None = None
-        idx = np.load(os.path.join(path, "index.npy"))  # columns: offset, height, width, label
-        self.offsets, self.heights, self.widths = idx[:, 0], idx[:, 1], idx[:, 2]
-        self.labels = idx[:, 3].copy()
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.meta["nbytes"])
-
-    def _map(self) -> np.ndarray:
-        if self._arena is None:  # opened lazily: each worker maps the same file, sharing its pages
-            self._arena = np.memmap(os.path.join(self.path, "arena.u8"), dtype=np.uint8, mode="r")
-        return self._arena
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_arena"] = None
-        return state
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def read_raw(self, i: int) -> tuple[np.ndarray, int, dict[str, Any]]:
-        o, h, w = int(self.offsets[i]), int(self.heights[i]), int(self.widths[i])
-        return self._map()[o : o + h * w * 3].reshape(h, w, 3), int(self.labels[i]), {}
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        arr, label, _ = self.read_raw(i)
-        return arr, label
-
-
 def _free_bytes(cache_dir: str) -> int:
     import psutil
 
     free = shutil.disk_usage(cache_dir).free
-    if os.path.realpath(cache_dir).startswith(
-        RAM_DIR
-    ):  # tmpfs pages are RAM: bounded by available memory too
+    if in_ram(cache_dir):  # tmpfs pages are RAM: bounded by available memory too
         free = min(free, psutil.virtual_memory().available)
     return int(free)
 
@@ -112,22 +84,46 @@ def _location(dataset: Any, name: str) -> str:
     return os.path.abspath(os.fspath(value)) if isinstance(value, str | os.PathLike) else ""
 
 
-def _key(dataset: Any, size: int | None, key: str | None) -> str:
-    """The arena's name: the same for every process (workers, DDP ranks, later runs) that caches this data."""
-    ident = (
-        key
-        or f"{type(dataset).__module__}.{type(dataset).__qualname__}:{_location(dataset, 'path')}:"
+def _source(dataset: Any, key: str | None) -> str:
+    """What is cached, in words the same for every process: ``key`` or the dataset's type, location and length."""
+    return key or (
+        f"{type(dataset).__module__}.{type(dataset).__qualname__}:{_location(dataset, 'path')}:"
         f"{_location(dataset, 'root')}:{len(dataset)}"
     )
-    return hashlib.sha256(f"{ident}|{size}".encode()).hexdigest()[:16]
+
+
+def _key(dataset: Any, size: int | None, key: str | None) -> str:
+    """The arena's name: the same for every process (workers, DDP ranks, later runs) that caches this data."""
+    return hashlib.sha256(f"{_source(dataset, key)}|{size}".encode()).hexdigest()[:16]
+
+
+def _human(nbytes: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def _say_where(cached: CachedDataset, built: bool, cache_dir: str) -> None:
+    ram = " of RAM (/dev/shm is memory)" if in_ram(cached.path) else ""
+    where = "" if os.path.abspath(cache_dir) == DEFAULT_DIR else repr(cache_dir)
+    warnings.warn(
+        f"cache_in_ram {'built' if built else 'reuses'} the arena {cached.path} ({len(cached)} images, "
+        f"{_human(cached.nbytes)}{ram}). It stays after this process exits, for later runs and ranks: remove it "
+        f"with `rm -r {cached.path}` or ptt.remove_arenas; ptt.list_arenas({where}) lists every arena.",
+        PttWarning,
+        stacklevel=3,
+    )
 
 
 def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def _build(dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int) -> None:
-    tmp = f"{final}.tmp{os.getpid()}"
+def _build(
+    dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int, source: str
+) -> None:
+    tmp = f"{final}.tmp{os.getpid()}"  # the name _arena.list_arenas reads as "a build of process <pid>"
     os.makedirs(tmp, exist_ok=True)
     n = len(dataset)
     index = np.zeros((n, 4), dtype=np.int64)
@@ -151,7 +147,7 @@ def _build(dataset: Any, size: int | None, final: str, num_workers: int, limit_b
                 offset += arr.nbytes
         np.save(os.path.join(tmp, "index.npy"), index)
         with open(os.path.join(tmp, "index.json"), "w", encoding="utf-8") as fh:
-            json.dump({"format": "ptt-arena-1", "count": n, "size": size, "nbytes": offset}, fh)
+            json.dump({"format": FORMAT, "count": n, "size": size, "nbytes": offset, "source": source}, fh)
         os.replace(tmp, final)  # atomic: readers see a complete arena or none
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -202,10 +198,11 @@ def cache_in_ram(
         raise PttError(
             "cache_in_ram needs a map-style dataset (ShardDataset, JpegFolder, ...), not a stream."
         )
-    cache_dir = cache_dir or os.path.join(RAM_DIR, "ptt-cache")
+    cache_dir = cache_dir or DEFAULT_DIR
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, _key(dataset, size, key))
-    if not os.path.exists(os.path.join(final, "index.json")):
+    built = not os.path.exists(os.path.join(final, "index.json"))
+    if built:
         if _local_rank() != 0:  # one copy per node: wait for local rank 0's atomic rename
             from pytorchtricks.bench.measure import Deadline
 
@@ -231,7 +228,7 @@ def cache_in_ram(
             return dataset
         workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
         try:
-            _build(dataset, size, final, workers, limit)
+            _build(dataset, size, final, workers, limit, _source(dataset, key))
         except MemoryError as exc:
             if strict:
                 raise PttError(
@@ -241,7 +238,10 @@ def cache_in_ram(
                 f"cache_in_ram gave up: {exc}; using the dataset uncached.", NoEffectWarning, stacklevel=2
             )
             return dataset
-    return CachedDataset(final)
+    cached = CachedDataset(final)
+    if _local_rank() == 0:  # said once per node, by the rank that builds: the others map the same arena
+        _say_where(cached, built, cache_dir)
+    return cached
 
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:

@@ -4,32 +4,41 @@ Why: the stock recipe (ImageFolder + PIL + RandomResizedCrop + ToTensor) decodes
 throws most pixels away, converts to float on the CPU (4x the bytes to copy) and collates sample by sample. Here each
 worker builds a whole batch: the crop box is sampled from the JPEG header, the decoder scales in the DCT domain
 (1/2, 1/4, 1/8) while the crop stays >= the target, pixels go straight into one uint8 batch buffer.
-When: image training input pipelines; any map-style dataset (ShardDataset, JpegFolder, datasets returning PIL,
-arrays, tensors or bytes) and iterable ShardStream.
+When: image training (RandomResizedCrop + flip) and evaluation (``mode="eval"``: resize 256, centre crop 224)
+input pipelines; any map-style dataset (ShardDataset, JpegFolder, datasets returning PIL, arrays, tensors or bytes)
+and iterable ShardStream.
 Caveats: batches are uint8 with NCHW shape stored channels_last (no transpose copy): normalize on the device
 (prefetch_to_device). Each sample's randomness depends only on (seed, epoch, index), so results do not change with
-num_workers or rank count. With drop_last=False ranks may get one batch more or less (DDP needs equal step counts:
-keep drop_last=True there). pin_memory is on only for a CUDA target: measure it (autotune_loader).
+num_workers or rank count. drop_last=True (training's default) warns once with how many samples it drops per
+epoch; with drop_last=False ranks may get one batch more or less (DDP needs equal step counts: keep it True there).
+pin_memory is on only for a CUDA target: measure it (autotune_loader).
 See also: cache_in_ram, prefetch_to_device, autotune_loader, doctor_data; 预处理提速 / IO 提速.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo
-from pytorchtricks.tricks.data._images import SampleMaker, read_item, resize_hwc, rrc_box, sample_rng
+from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo
+from pytorchtricks.tricks.data._batches import BatchDataset, EpochBatches, StreamBatches, init_worker
+from pytorchtricks.tricks.data._batches import stack_batch as _stack  # noqa: F401  (data_doctor imports it here)
+from pytorchtricks.tricks.data._images import SampleMaker, resize_hwc, rrc_box, sample_rng
 
 __all__ = ["make_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+Mode = Literal["train", "eval"]
+
+TRAIN_SCALE, TRAIN_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's defaults (torchvision, timm)
+EVAL_CROP_FRACTION = 0.875  # eval resizes the short side to crop / 0.875 (224 -> 256), then centre-crops
 
 
 def _pair(x: int | Sequence[int] | None) -> tuple[int, int] | None:
@@ -50,132 +59,83 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _stack(images: list[np.ndarray], labels: list[int]) -> Batch:
-    shapes = {a.shape for a in images}
-    if len(shapes) != 1:
+def _maker(
+    mode: str,
+    crop: tuple[int, int] | None,
+    resize: int | None,
+    scale: tuple[float, float] | None,
+    ratio: tuple[float, float] | None,
+    flip: bool,
+    backend: str,
+    scaled_decode: bool,
+) -> SampleMaker:
+    """The per-sample pipeline of ``mode``, with its options checked (each mode refuses the other's knobs)."""
+    if mode == "train":
+        if resize is not None:
+            raise PttError(
+                "resize= is the eval recipe's short side; pass mode='eval' (training uses scale=/ratio=)."
+            )
+        scale, ratio = scale or TRAIN_SCALE, ratio or TRAIN_RATIO
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise PttError(
+                f"scale must satisfy 0 < lo <= hi <= 1 and ratio 0 < lo <= hi; got {scale}, {ratio}."
+            )
+        return SampleMaker(crop, scale, ratio, flip, backend, scaled_decode)
+    if mode != "eval":
+        raise PttError(f"mode must be 'train' or 'eval', got {mode!r}.")
+    if scale is not None or ratio is not None:
         raise PttError(
-            f"images in a batch differ in size {sorted(shapes)[:3]}; pass crop=N (or pack with --resize) so every "
-            "image has the same size."
+            "scale=/ratio= are RandomResizedCrop's; mode='eval' centre-crops: drop them (or use resize=)."
         )
-    h, w, c = images[0].shape
-    out = torch.empty((len(images), h, w, c), dtype=torch.uint8)
-    buf = out.numpy()
-    for k, a in enumerate(images):
-        buf[k] = a  # one copy per image, straight into the batch (flip views are resolved here)
-    return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
-
-
-class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Key ``(epoch, indices)`` -> one whole batch; runs inside DataLoader workers."""
-
-    def __init__(self, dataset: Any, maker: SampleMaker, seed: int) -> None:
-        self.dataset, self.maker, self.seed = dataset, maker, seed
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch:
-        epoch, indices = key
-        idx = indices.tolist()
-        if self.maker.crop is None:  # sizes unknown up front: stack (and check) afterwards
-            images, labels = [], []
-            for i in idx:
-                raw, label = read_item(self.dataset, i)
-                images.append(self.maker(raw, sample_rng(self.seed, epoch, i)))
-                labels.append(label)
-            return _stack(images, labels)
-        out = _batch_buffer((len(idx), *self.maker.crop, 3))
-        buf = out.numpy()
-        labels = []
-        for k, i in enumerate(idx):
-            raw, label = read_item(self.dataset, i)
-            self.maker(raw, sample_rng(self.seed, epoch, i), out=buf[k])  # pixels land in the batch directly
-            labels.append(label)
-        return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
-
-
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """uint8 buffer; inside a worker it is allocated in shared memory, so handing it over costs no copy."""
-    numel = int(np.prod(shape))
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-
-
-class _EpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
-    """Yields ``(epoch, indices)``: a seeded permutation per epoch, this rank's share, cut into batches."""
-
-    def __init__(
-        self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int, rank: int, world: int
-    ):
-        self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
-        self.seed, self.rank, self.world, self.epoch = seed, rank, world, 0
-
-    def indices(self) -> np.ndarray:
-        order = (
-            np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
-            if self.shuffle
-            else np.arange(self.n)
+    if crop is None:
+        if resize is not None:
+            raise PttError("resize= needs crop=N in mode='eval' (crop=None keeps the stored size).")
+        return SampleMaker(None, TRAIN_SCALE, TRAIN_RATIO, flip, backend, scaled_decode)
+    resize = round(max(crop) / EVAL_CROP_FRACTION) if resize is None else int(resize)
+    if resize < max(crop):
+        raise PttError(
+            f"resize={resize} is smaller than crop={crop}; the centre crop must fit: resize >= crop."
         )
-        if self.drop_last:  # equal share per rank so DDP ranks take the same number of steps
-            order = order[: (self.n // self.world) * self.world]
-        return order[self.rank :: self.world]
-
-    def __len__(self) -> int:
-        m = len(
-            range(self.rank, (self.n // self.world) * self.world if self.drop_last else self.n, self.world)
-        )
-        return m // self.batch_size if self.drop_last else -(-m // self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        idx = self.indices()
-        for s in range(0, len(self) * self.batch_size, self.batch_size):
-            yield self.epoch, idx[s : s + self.batch_size]
+    return SampleMaker(crop, TRAIN_SCALE, TRAIN_RATIO, flip, backend, scaled_decode, resize=resize)
 
 
-class _StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """Batches from an iterable dataset (ShardStream): the stream splits itself across ranks and workers."""
-
-    def __init__(self, stream: Any, maker: SampleMaker, batch_size: int, drop_last: bool, seed: int) -> None:
-        self.stream, self.maker, self.batch_size, self.drop_last, self.seed = (
-            stream,
-            maker,
-            batch_size,
-            drop_last,
-            seed,
-        )
-        self.epoch = 0
-
-    def __iter__(self) -> Iterator[Batch]:
-        info = torch.utils.data.get_worker_info()
-        wid = info.id if info is not None else 0
-        if hasattr(self.stream, "set_epoch"):
-            self.stream.set_epoch(self.epoch)
-        images: list[np.ndarray] = []
-        labels: list[int] = []
-        for k, item in enumerate(self.stream):
-            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch, wid, k]))
-            images.append(self.maker(item[0], rng))
-            labels.append(int(item[1]))
-            if len(images) == self.batch_size:
-                yield _stack(images, labels)
-                images, labels = [], []
-        if images and not self.drop_last:
-            yield _stack(images, labels)
-
-
-def _init_worker(_: int) -> None:
-    # One process per core already: threads inside workers only oversubscribe. OpenCV's thread count is left
-    # alone: cv2.setNumThreads in a forked child deadlocks when the parent's OpenCV pool was busy at fork time.
-    torch.set_num_threads(1)
+def _say_dropped(dropped: int, n: int, batch_size: int, world: int, shuffle: bool) -> None:
+    per = f"batch_size={batch_size}" + (f" x world_size={world}" if world > 1 else "")
+    which = (
+        "all of them: the loader yields no batch"
+        if dropped == n
+        else "different ones each epoch, as the order is reshuffled"
+        if shuffle
+        else "always the same last ones: they are never seen"
+    )
+    ranks = "; DDP ranks may then take one step more or less" if world > 1 else ""
+    warnings.warn(
+        f"make_loader drops {dropped} of {n} samples every epoch: drop_last=True keeps only full batches of {per} "
+        f"({which}). Pass drop_last=False to keep them (the last batch is then partial{ranks}), or make the "
+        f"dataset size a multiple of {per}.",
+        PttWarning,
+        stacklevel=3,
+    )
 
 
 class Loader:
-    """What ``make_loader`` returns: iterate for ``(images uint8 [N,3,H,W], labels int64 [N])`` batches."""
+    """What ``make_loader`` returns: iterate for ``(images uint8 [N,3,H,W], labels int64 [N])`` batches.
 
-    def __init__(self, dataloader: torch.utils.data.DataLoader, source: Any, batch_size: int) -> None:  # type: ignore[type-arg]
+    ``dropped_per_epoch``: samples no rank sees in an epoch because of ``drop_last`` (``None`` for a stream with
+    drop_last, which splits itself and does not know its length). ``mode``: ``"train"`` or ``"eval"``.
+    """
+
+    def __init__(
+        self,
+        dataloader: torch.utils.data.DataLoader,  # type: ignore[type-arg]
+        source: Any,
+        batch_size: int,
+        *,
+        mode: Mode = "train",
+        dropped_per_epoch: int | None = 0,
+    ) -> None:
         self.dataloader, self._source, self.batch_size = dataloader, source, batch_size
+        self.mode, self.dropped_per_epoch = mode, dropped_per_epoch
         self.epoch = 0
         self._explicit_epoch = False
 
@@ -201,12 +161,14 @@ def make_loader(
     dataset: Any,
     batch_size: int,
     *,
+    mode: Mode = "train",
     crop: int | tuple[int, int] | None = 224,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    flip: bool = True,
-    shuffle: bool = True,
-    drop_last: bool = True,
+    resize: int | None = None,
+    scale: tuple[float, float] | None = None,
+    ratio: tuple[float, float] | None = None,
+    flip: bool | None = None,
+    shuffle: bool | None = None,
+    drop_last: bool | None = None,
     num_workers: int | None = None,
     device: str | torch.device | None = None,
     pin_memory: bool | None = None,
@@ -218,7 +180,15 @@ def make_loader(
     backend: str = "auto",
     scaled_decode: bool = True,
 ) -> Any:
-    """Batches of ``(uint8 images [N,3,H,W], int64 labels [N])`` with RandomResizedCrop via scaled decode.
+    """Batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
+
+    ``mode="train"`` (default): RandomResizedCrop (``scale``, default (0.08, 1); ``ratio``, default (3/4, 4/3)),
+    random flip, a reshuffle per epoch, ``drop_last`` (full batches only; warns ``PttWarning`` once with how many
+    samples that drops, also on ``loader.dropped_per_epoch``). ``mode="eval"``: torchvision's eval recipe, short
+    side resized to ``resize`` (default ``round(crop / 0.875)``: 256 for 224) then the centre ``crop``; no flip,
+    no shuffle, every sample exactly once and in order (the last batch may be partial). The decode scale is the
+    largest of 1/2, 1/4, 1/8 that keeps the short side >= ``resize``. ``flip``/``shuffle``/``drop_last`` left at
+    None follow the mode; set, they override it.
 
     ``crop=None`` keeps the stored size (every image must then have the same size). ``rank``/``world_size``
     default to torch.distributed's; pass them to simulate ranks. ``scaled_decode=False`` decodes JPEGs at full
@@ -227,14 +197,20 @@ def make_loader(
 
     Example:
         >>> ds = [(torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8), i % 2) for i in range(10)]
-        >>> x, y = next(iter(ptt.make_loader(ds, 4, crop=32, num_workers=0)))
-        >>> x.shape, x.dtype, y.tolist()[:2] == y.tolist()[:2]
-        (torch.Size([4, 3, 32, 32]), torch.uint8, True)
+        >>> x, y = next(iter(ptt.make_loader(ds, 5, crop=32, num_workers=0)))
+        >>> x.shape, x.dtype, y.dtype
+        (torch.Size([5, 3, 32, 32]), torch.uint8, torch.int64)
+        >>> val = ptt.make_loader(ds, 4, crop=32, mode="eval", num_workers=0)  # short side 37, centre 32x32
+        >>> [tuple(x.shape) for x, _ in val], [y.tolist() for _, y in val][-1], val.dropped_per_epoch
+        ([(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)], [0, 1], 0)
     """
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
-    if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
-        raise PttError(f"scale must satisfy 0 < lo <= hi <= 1 and ratio 0 < lo <= hi; got {scale}, {ratio}.")
+    train = mode == "train"
+    flip = train if flip is None else flip
+    shuffle = train if shuffle is None else shuffle
+    drop_last = train if drop_last is None else drop_last
+    maker = _maker(mode, _pair(crop), resize, scale, ratio, flip, backend, scaled_decode)
     r0, w0 = _dist_rank_world()
     rank = r0 if rank is None else rank
     world = w0 if world_size is None else world_size
@@ -242,32 +218,35 @@ def make_loader(
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
-    maker = SampleMaker(_pair(crop), scale, ratio, flip, backend, scaled_decode)
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     if not iterable and not hasattr(dataset, "__len__"):
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
+    dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
     if iterable:
-        source: Any = _StreamBatches(dataset, maker, batch_size, drop_last, seed)
+        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed)
         sampler = None
     else:
         if len(dataset) == 0:
             raise PttError("dataset is empty.")
-        source = _EpochBatches(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
+        source = EpochBatches(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         sampler = source
+        dropped = source.dropped()
+        if dropped and rank == 0:  # said once, by one rank: every rank drops the same count
+            _say_dropped(dropped, len(dataset), batch_size, world, shuffle)
     kwargs: dict[str, Any] = {}
     if workers > 0:
         kwargs["prefetch_factor"] = prefetch_factor or 2  # in batches per worker: 2 keeps every core busy
         kwargs["persistent_workers"] = (not iterable) if persistent_workers is None else persistent_workers
-        kwargs["worker_init_fn"] = _init_worker
+        kwargs["worker_init_fn"] = init_worker
     dl = torch.utils.data.DataLoader(
-        source if iterable else _BatchDataset(dataset, maker, seed),
+        source if iterable else BatchDataset(dataset, maker, seed),
         batch_size=None,  # each item is already a whole batch
         sampler=sampler,
         num_workers=workers,
         pin_memory=(dev is not None and dev.type == "cuda") if pin_memory is None else pin_memory,
         **kwargs,
     )
-    loader = Loader(dl, source, batch_size)
+    loader = Loader(dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped)
     if dev is not None and dev.type != "cpu":
         from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
 

@@ -1,0 +1,142 @@
+"""Whole batches for ``make_loader``: the epoch sampler, the batch-building dataset, the stream batcher.
+
+Not a trick (leading underscore): make_loader's machinery, kept apart so the trick file stays readable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytorchtricks.core import PttError
+from pytorchtricks.tricks.data._images import SampleMaker, read_item, sample_rng
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def stack_batch(images: list[np.ndarray], labels: list[int]) -> Batch:
+    shapes = {a.shape for a in images}
+    if len(shapes) != 1:
+        raise PttError(
+            f"images in a batch differ in size {sorted(shapes)[:3]}; pass crop=N (or pack with --resize) so every "
+            "image has the same size."
+        )
+    h, w, c = images[0].shape
+    out = torch.empty((len(images), h, w, c), dtype=torch.uint8)
+    buf = out.numpy()
+    for k, a in enumerate(images):
+        buf[k] = a  # one copy per image, straight into the batch (flip views are resolved here)
+    return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+
+
+class BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Key ``(epoch, indices)`` -> one whole batch; runs inside DataLoader workers."""
+
+    def __init__(self, dataset: Any, maker: SampleMaker, seed: int) -> None:
+        self.dataset, self.maker, self.seed = dataset, maker, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch:
+        epoch, indices = key
+        idx = indices.tolist()
+        if self.maker.crop is None:  # sizes unknown up front: stack (and check) afterwards
+            images, labels = [], []
+            for i in idx:
+                raw, label = read_item(self.dataset, i)
+                images.append(self.maker(raw, sample_rng(self.seed, epoch, i)))
+                labels.append(label)
+            return stack_batch(images, labels)
+        out = batch_buffer((len(idx), *self.maker.crop, 3))
+        buf = out.numpy()
+        labels = []
+        for k, i in enumerate(idx):
+            raw, label = read_item(self.dataset, i)
+            self.maker(raw, sample_rng(self.seed, epoch, i), out=buf[k])  # pixels land in the batch directly
+            labels.append(label)
+        return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+
+
+def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """uint8 buffer; inside a worker it is allocated in shared memory, so handing it over costs no copy."""
+    numel = int(np.prod(shape))
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+class EpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    """Yields ``(epoch, indices)``: a seeded permutation per epoch, this rank's share, cut into batches."""
+
+    def __init__(
+        self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int, rank: int, world: int
+    ):
+        self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
+        self.seed, self.rank, self.world, self.epoch = seed, rank, world, 0
+
+    def indices(self) -> np.ndarray:
+        order = (
+            np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+            if self.shuffle
+            else np.arange(self.n)
+        )
+        if self.drop_last:  # equal share per rank so DDP ranks take the same number of steps
+            order = order[: (self.n // self.world) * self.world]
+        return order[self.rank :: self.world]
+
+    def __len__(self) -> int:
+        m = len(
+            range(self.rank, (self.n // self.world) * self.world if self.drop_last else self.n, self.world)
+        )
+        return m // self.batch_size if self.drop_last else -(-m // self.batch_size)
+
+    def dropped(self) -> int:
+        """Samples that no rank sees in an epoch: with drop_last, the rank remainder and each rank's partial batch."""
+        return self.n - self.world * len(self) * self.batch_size if self.drop_last else 0
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        idx = self.indices()
+        for s in range(0, len(self) * self.batch_size, self.batch_size):
+            yield self.epoch, idx[s : s + self.batch_size]
+
+
+class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Batches from an iterable dataset (ShardStream): the stream splits itself across ranks and workers."""
+
+    def __init__(self, stream: Any, maker: SampleMaker, batch_size: int, drop_last: bool, seed: int) -> None:
+        self.stream, self.maker, self.batch_size, self.drop_last, self.seed = (
+            stream,
+            maker,
+            batch_size,
+            drop_last,
+            seed,
+        )
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        wid = info.id if info is not None else 0
+        if hasattr(self.stream, "set_epoch"):
+            self.stream.set_epoch(self.epoch)
+        images: list[np.ndarray] = []
+        labels: list[int] = []
+        for k, item in enumerate(self.stream):
+            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch, wid, k]))
+            images.append(self.maker(item[0], rng))
+            labels.append(int(item[1]))
+            if len(images) == self.batch_size:
+                yield stack_batch(images, labels)
+                images, labels = [], []
+        if images and not self.drop_last:
+            yield stack_batch(images, labels)
+
+
+def init_worker(_: int) -> None:
+    # One process per core already: threads inside workers only oversubscribe. OpenCV's thread count is left
+    # alone: cv2.setNumThreads in a forked child deadlocks when the parent's OpenCV pool was busy at fork time.
+    torch.set_num_threads(1)
