@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["TuneFacts", "TuneHook", "TuneSetup"]
+__all__ = ["TuneFacts", "TuneHook", "TuneSetup", "TuneSkip"]
 
 Changes = Literal["model", "optimizer", "loader", "precision", "step", "switch"]
 CheckKind = Literal["exact", "approximate", "data"]
@@ -28,6 +28,11 @@ Cost = Literal["free", "cache", "repack", "compile"]
 CHANGES: tuple[str, ...] = ("model", "optimizer", "loader", "precision", "step", "switch")
 CHECKS: tuple[str, ...] = ("exact", "approximate", "data")
 COSTS: tuple[str, ...] = ("free", "cache", "repack", "compile")
+
+
+class TuneSkip(Exception):
+    """Raised by a hook's ``prepare``/``apply`` when its trick cannot run here; the message (with the numbers)
+    becomes the candidate's skip reason in the receipt (e.g. a RAM cache that does not fit)."""
 
 
 @dataclass
@@ -80,11 +85,15 @@ class TuneFacts:
 class TuneSetup:
     """One configuration under construction: hooks edit it in their ``order``; tune builds the step from it.
 
-    Model side: ``model`` (on the device), ``make_optimizer(params)``, ``forward`` (a compiled or quantized
+    Model side: ``model`` (on the device), ``optimizer`` (the user's ``(name, hyper-parameters)``, e.g.
+    ``("sgd", {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4})``), ``make_optimizer(params)`` (None: the
+    plain torch optimizer of that name; a hook may swap the implementation, never the hyper-parameters),
+    ``forward`` (a compiled or quantized
     callable; None: the model), ``precision`` (an object with ``autocast()``, ``backward(loss)`` and
     ``step(opt)``, e.g. ``ptt.mixed_precision``; None: fp32), ``channels_last`` (inputs in that memory format),
     ``switches`` (context-manager factories entered around every step).
-    Data side: ``dataset`` (what the library's loaders read; a hook may replace it, e.g. by its RAM cache),
+    Data side: ``source`` (the data folder or pack tune was given; None for synthetic data), ``cache_dir`` (where
+    one-time builds go), ``dataset`` (what the library's loaders read; a hook may replace it, e.g. by its RAM cache),
     ``loader`` (``"baseline"``: the user's pipeline, or ``"ptt"``: ``ptt.make_loader``), ``loader_kwargs``
     (keyword arguments for ``make_loader``: workers, prefetch, pin), ``device_loader`` (callables wrapping the
     built loader, e.g. ``prefetch_to_device``).
@@ -92,12 +101,15 @@ class TuneSetup:
     """
 
     model: Any
-    make_optimizer: Callable[[Any], Any]
+    optimizer: tuple[str, dict[str, Any]]
     device: Any
     train: bool
     example: Any
     batch_size: int
     input_size: int
+    make_optimizer: Callable[[Any], Any] | None = None
+    source: str | None = None
+    cache_dir: str = ""
     dataset: Any = None
     loader: str = "baseline"
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +136,8 @@ class TuneHook:
         apply: ``apply(setup, state)`` edits a ``TuneSetup``; ``state`` is what ``prepare`` returned (None).
         applies: ``applies(facts)`` -> the reason the trick cannot help on this workload, or None.
         prepare: optional one-time work shared by every configuration that uses the trick (a pack, a RAM cache,
-            a loader sweep): ``prepare(context) -> state``; tune times it and reports the cost.
+            a loader sweep): ``prepare(setup) -> state`` on a baseline setup; tune times it and reports the cost.
+            ``prepare`` or ``apply`` raise ``TuneSkip`` (with the numbers) when the trick cannot run here.
         cost: ``free``, ``cache`` (a one-time build in RAM), ``repack`` (a one-time rewrite of the data) or
             ``compile`` (minutes of compilation).
         order: where the hook runs when several apply (lower first): model rewrites 10-40, optimizer 50,
@@ -132,6 +145,8 @@ class TuneHook:
         fixes: the diagnosis finding it removes (kept when not measurably slower), e.g. ``"PTL001"``.
         requires: tricks that must be in the same configuration (``cache_in_ram`` needs ``make_loader``).
         bound: the named error bound of an approximate or data check, said in the receipt.
+        variant: a second way to apply the same trick (e.g. ``pack`` with ``--resize``): a module may declare
+            ``TUNE = (TuneHook(...), TuneHook(..., variant="resize"))``; the candidate is then ``pack[resize]``.
     """
 
     changes: Changes
@@ -145,6 +160,7 @@ class TuneHook:
     fixes: str | None = None
     requires: tuple[str, ...] = ()
     bound: str = ""
+    variant: str = ""
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

@@ -23,10 +23,50 @@ import torch
 
 from pytorchtricks.bench.measure import Deadline, now_s
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["autotune_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if facts.data_kind not in ("files", "pack"):
+        return f"reads image files or ptt packs; this data is {facts.data_kind}"
+    if not facts.input_bound:
+        return (
+            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
+        )
+    return None
+
+
+def _tune_prepare(setup: TuneSetup) -> dict[str, Any]:
+    try:  # the loader's own settings; the RAM cache is a candidate of its own (cache_in_ram)
+        res = autotune_loader(
+            setup.dataset, setup.batch_size, crop=setup.input_size, cache=(False,), budget_s=20
+        )
+    except PttError as exc:
+        raise TuneSkip(str(exc)) from exc
+    return {k: v for k, v in res.best.items() if k != "crop" and v is not None}
+
+
+def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
+    setup.loader = "ptt"
+    setup.loader_kwargs.update(state)
+
+
+TUNE = TuneHook(
+    changes="loader",
+    check="data",
+    receipt="best = ptt.autotune_loader(dataset, {batch_size}, crop={input_size}).best  # then make_loader(..., **best)",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    prepare=_tune_prepare,
+    order=105,
+    requires=("make_loader",),
+    bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+)
 
 
 @dataclass

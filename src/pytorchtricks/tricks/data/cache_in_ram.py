@@ -38,10 +38,52 @@ from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if facts.data_kind not in ("files", "pack"):
+        return f"reads image files or ptt packs; this data is {facts.data_kind}"
+    if not facts.input_bound:
+        return (
+            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
+        )
+    return None
+
+
+def _tune_side(input_size: int) -> int:
+    """The cached short side that keeps RandomResizedCrop's smallest crop (8% of the area) >= the input size."""
+    return max(input_size, round(input_size / 0.08**0.5))
+
+
+def _tune_prepare(setup: TuneSetup) -> Any:
+    try:  # the admission check (estimate x 1.3 against the free RAM of /dev/shm) refuses with the numbers
+        return cache_in_ram(setup.dataset, _tune_side(setup.input_size), strict=True)
+    except PttError as exc:
+        raise TuneSkip(str(exc)) from exc
+
+
+def _tune_apply(setup: TuneSetup, state: Any) -> None:
+    setup.dataset, setup.loader = state, "ptt"
+
+
+TUNE = TuneHook(
+    changes="loader",
+    check="data",
+    receipt="dataset = ptt.cache_in_ram(ptt.JpegFolder(root), size={cache_side})  # decoded once into /dev/shm",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    prepare=_tune_prepare,
+    cost="cache",
+    order=110,
+    requires=("make_loader",),
+    bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+)
 
 SAFETY = 1.3  # need x 1.3 must fit: sample estimates err, and the OS still needs page cache (YOLOv5 uses 1.1)
 

@@ -29,10 +29,38 @@ from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo
 from pytorchtricks.tricks.data._batches import BatchDataset, EpochBatches, StreamBatches, init_worker
 from pytorchtricks.tricks.data._batches import stack_batch as _stack  # noqa: F401  (data_doctor imports it here)
 from pytorchtricks.tricks.data._images import SampleMaker, resize_hwc, rrc_box, sample_rng
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["make_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if facts.data_kind not in ("files", "pack"):
+        return f"reads image files or ptt packs; this data is {facts.data_kind}"
+    if not facts.input_bound:
+        return (
+            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
+        )
+    return None
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    setup.loader = "ptt"  # tune builds make_loader(setup.dataset, ...) with setup.loader_kwargs
+
+
+TUNE = TuneHook(
+    changes="loader",
+    check="data",
+    receipt="loader = ptt.make_loader(ptt.JpegFolder(root), {batch_size}, crop={input_size}, num_workers={workers})"
+    "  # uint8 batches: normalise on the device",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=100,
+    bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Mode = Literal["train", "eval"]

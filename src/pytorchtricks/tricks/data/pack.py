@@ -12,16 +12,101 @@ See also: ShardDataset, ShardStream, decode_image, 预处理提速 / IO 提速.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
+import warnings
+from typing import Any
 
-from pytorchtricks.core import BenchCase, TrickInfo
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.shards.writer import pack
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["pack"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True, needs=("data",))
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if facts.data_kind != "files":
+        return f"packs a folder of image files; this data is {facts.data_kind}"
+    if not facts.input_bound:
+        return (
+            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
+        )
+    return None
+
+
+def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
+    """Pack what tune sees into its cache folder once (reused by later runs); returns the pack's path and the
+    seconds its build took (recorded beside it, so a reused pack still reports its cost)."""
+    if setup.source is None:
+        raise TuneSkip("no source folder to pack")
+    key = hashlib.sha256(
+        f"{os.path.abspath(setup.source)}|{len(setup.dataset)}|{resize}".encode()
+    ).hexdigest()[:12]
+    dst = os.path.join(setup.cache_dir, f"tune-pack-{key}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoEffectWarning)  # "already holds this pack": reused, said below
+        try:  # shuffle=False: sample i of the pack is file i of the folder (the data check compares pixels)
+            summary = pack(setup.source, dst, resize=resize, workers=2, shuffle=False)
+        except PttError as exc:
+            raise TuneSkip(f"ptt pack failed: {exc}") from exc
+    side = dst + ".build.json"
+    if "elapsed_s" in summary:
+        with open(side + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump({"build_s": summary["elapsed_s"], "bytes_out": summary["bytes_out"]}, fh)
+        os.replace(side + ".tmp", side)
+        build_s, reused = float(summary["elapsed_s"]), False
+    else:
+        with open(side, encoding="utf-8") as fh:
+            build_s, reused = float(json.load(fh)["build_s"]), True
+    return {"path": dst, "build_s": build_s, "reused": reused, "bytes": int(summary["bytes_out"])}
+
+
+def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
+    from pytorchtricks.shards.dataset import ShardDataset
+
+    setup.dataset, setup.loader = ShardDataset(state["path"]), "ptt"
+
+
+def _resize_side(input_size: int) -> int:
+    return max(
+        input_size, round(input_size / 0.08**0.5)
+    )  # RandomResizedCrop's smallest crop stays >= the input
+
+
+TUNE = (
+    TuneHook(
+        changes="loader",
+        check="data",
+        receipt="ptt pack ROOT PACK   # then make_loader(ptt.ShardDataset(PACK), {batch_size}, crop={input_size})",
+        apply=_tune_apply,
+        applies=_tune_applies,
+        prepare=lambda setup: _tune_pack(setup, None),
+        cost="repack",
+        order=120,
+        requires=("make_loader",),
+        bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+    ),
+    TuneHook(
+        changes="loader",
+        check="data",
+        receipt="ptt pack ROOT PACK --resize {cache_side}   # short side {cache_side}: the smallest crop keeps its "
+        "pixels; then make_loader(ptt.ShardDataset(PACK), {batch_size}, crop={input_size})",
+        apply=_tune_apply,
+        applies=_tune_applies,
+        prepare=lambda setup: _tune_pack(setup, _resize_side(setup.input_size)),
+        cost="repack",
+        order=120,
+        requires=("make_loader",),
+        bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+        variant="resize",
+    ),
+)
 
 
 def _loose_files(root: str, n: int) -> str:

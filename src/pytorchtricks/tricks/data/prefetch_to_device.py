@@ -20,10 +20,33 @@ from typing import Any
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["prefetch_to_device"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if facts.device != "cuda":
+        return "overlaps host-to-GPU copies with compute; this run is on the CPU (nothing to copy)"
+    return None
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    setup.loader = "ptt"
+    setup.device_loader.append(lambda loader: prefetch_to_device(loader, setup.device))
+
+
+TUNE = TuneHook(
+    changes="loader",
+    check="data",
+    receipt="loader = ptt.prefetch_to_device(loader, device)  # pinned buffers, side-stream copies",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=130,
+    requires=("make_loader",),
+)
 
 _DONE = object()
 

@@ -21,10 +21,27 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.tunable import TuneHook, TuneSetup
 
 __all__ = ["fast_optimizer"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train",), exact=True)
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    name, kwargs = (
+        setup.optimizer
+    )  # the user's optimizer and hyper-parameters; only the implementation changes
+    setup.make_optimizer = lambda params: fast_optimizer(params, name, **kwargs)
+
+
+TUNE = TuneHook(
+    changes="optimizer",
+    check="exact",
+    receipt="optimizer = ptt.fast_optimizer(model.parameters(), {optimizer_args})  # fused/foreach, same update",
+    apply=_tune_apply,
+    order=50,
+)
 
 _OPTIMIZERS: dict[str, str] = {
     "sgd": "SGD",

@@ -22,10 +22,35 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["mixed_precision"]
 
 TRICK = TrickInfo(gains=("speed", "memory"), phase=("train", "infer"), exact=False)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if not facts.native_bf16:
+        return (
+            "this device has no native bf16 (CPU: avx512_bf16 or AMX; CUDA: compute capability >= 8): bf16 would "
+            "be emulated and slower than fp32"
+        )
+    return None
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    setup.precision = mixed_precision(setup.device, dtype="bf16")
+
+
+TUNE = TuneHook(
+    changes="precision",
+    check="approximate",
+    receipt='mp = ptt.mixed_precision(device, dtype="bf16")  # with mp.autocast(): ...; mp.backward(loss); mp.step(opt)',
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=60,
+    bound="loss within 5% of fp32 over 3 steps, outputs >= 20 dB SQNR",
+)
 
 _DTYPES = {
     "bf16": torch.bfloat16,

@@ -16,10 +16,31 @@ import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks.runtime._switch import Switch
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["enable_cudnn_benchmark"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False, needs=("cuda",))
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    return None if facts.device == "cuda" else "needs a CUDA GPU (cuDNN autotuning); this run is on the CPU"
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    setup.switches.append(
+        enable_cudnn_benchmark
+    )  # entered around every step: interleaved variants do not leak
+
+
+TUNE = TuneHook(
+    changes="switch",
+    check="exact",
+    receipt="ptt.enable_cudnn_benchmark()",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=90,
+)
 
 
 class enable_cudnn_benchmark(Switch):

@@ -16,10 +16,29 @@ import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks.runtime._switch import Switch
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["enable_tf32"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False, needs=("cuda",))
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    return None if facts.device == "cuda" else "needs a CUDA GPU (TF32 tensor cores); this run is on the CPU"
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    setup.switches.append(enable_tf32)  # entered around every step: interleaved variants do not leak
+
+
+TUNE = TuneHook(
+    changes="switch",
+    check="approximate",
+    receipt="ptt.enable_tf32()",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=90,
+)
 
 
 class enable_tf32(Switch):

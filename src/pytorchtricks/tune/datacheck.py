@@ -1,0 +1,138 @@
+"""The ``data`` check of a loader candidate: proved before it is timed.
+
+A data trick changes how samples reach the step, never which samples or what they show. On a subset of the data
+(``SUBSET`` samples, the first ones) the configured loader must give:
+
+- every sample exactly once per epoch (indices read back through the loader, the partial batch dropped only when
+  ``drop_last`` says so) and the same label multiset as the dataset;
+- batches of the dtype and shape the step expects (uint8 ``[N, C, size, size]``, int64 labels);
+- pixels within ``MIN_PSNR_DB`` of the baseline's decode on the same crop box: the evaluation geometry (resize the
+  short side to ``size / 0.875``, centre crop) through the candidate's own decode path vs PIL full decode +
+  torchvision ``Resize`` + ``CenterCrop`` of the original file. PSNR bounds what a faster decode (DCT-scaled,
+  from a RAM cache at a smaller size, from a re-encoded pack) costs in fidelity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+SUBSET = 96
+MIN_PSNR_DB = (
+    30.0  # JPEG re-encoding at q90 and one extra resize stay near 35-45 dB; a wrong box or channel <15
+)
+
+
+@dataclass
+class DataCheck:
+    kind: str
+    ok: bool
+    detail: str
+    psnr_db: float | None = None
+
+
+class _Indexed:
+    """The first ``n`` samples of ``dataset`` with each sample's index as its label (to read the order back)."""
+
+    def __init__(self, dataset: Any, n: int) -> None:
+        self.dataset, self.n = dataset, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read_raw(self, i: int) -> tuple[Any, int, dict[str, Any]]:
+        from pytorchtricks.tricks.data._images import read_item
+
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        raw, _ = read_item(self.dataset, i)
+        return raw, i, {}
+
+
+def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Peak signal-to-noise ratio of two uint8 images (dB; inf when equal)."""
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def reference_pixels(files: Sequence[str], size: int) -> torch.Tensor:
+    """The baseline's decode on the evaluation box: PIL full decode, ``Resize(size/0.875)``, ``CenterCrop``."""
+    from PIL import Image
+    from torchvision.transforms import CenterCrop, PILToTensor, Resize
+
+    resize, crop, to_tensor = Resize(round(size / 0.875)), CenterCrop(size), PILToTensor()
+    out = []
+    for f in files:
+        with Image.open(f) as im:
+            out.append(to_tensor(crop(resize(im.convert("RGB")))))
+    return torch.stack(out)
+
+
+def check_data(
+    dataset: Any,
+    labels: Sequence[int],
+    files: Sequence[str] | None,
+    *,
+    batch_size: int,
+    size: int,
+    loader_kwargs: dict[str, Any],
+    seed: int = 0,
+) -> DataCheck:
+    """Run the three checks on the first ``SUBSET`` samples of ``dataset`` read through ``make_loader``.
+
+    ``labels[i]`` is sample ``i``'s label and ``files[i]`` its original file (None: no pixel check, e.g.
+    synthetic data). ``loader_kwargs`` are the candidate's ``make_loader`` settings.
+    """
+    from pytorchtricks.tricks.data.make_loader import make_loader
+
+    n = min(SUBSET, len(dataset))
+    bs = max(1, min(batch_size, n // 3 or 1))  # a few batches, and a partial one when n does not divide
+    kw = {k: v for k, v in loader_kwargs.items() if k in ("num_workers", "prefetch_factor", "pin_memory")}
+    kw["num_workers"] = min(int(kw.get("num_workers", 0)), 2)
+    loader = make_loader(_Indexed(dataset, n), bs, crop=size, seed=seed, drop_last=False, **kw)
+    seen: list[int] = []
+    for x, y in loader:
+        if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
+            return DataCheck(
+                "data", False, f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
+            )
+        if y.dtype != torch.int64:
+            return DataCheck("data", False, f"labels are {y.dtype}, not int64")
+        seen.extend(int(i) for i in y)
+    dup = [i for i, c in Counter(seen).items() if c > 1]
+    missing = sorted(set(range(n)) - set(seen))
+    if dup or missing:
+        return DataCheck(
+            "data",
+            False,
+            f"one epoch of {n} samples: {len(dup)} repeated, {len(missing)} missing (e.g. {(dup + missing)[:3]})",
+        )
+    if Counter(int(labels[i]) for i in seen) != Counter(int(labels[i]) for i in range(n)):
+        return DataCheck("data", False, "the label multiset of an epoch differs from the dataset's")
+    detail = f"{n} samples once each per epoch, labels kept, uint8 [N, C, {size}, {size}]"
+    if files is None:
+        return DataCheck("data", True, detail + "; no pixel check (no source files)")
+    k = min(16, n)
+    ev = make_loader(_Indexed(dataset, k), k, crop=size, mode="eval", num_workers=0)
+    got = next(iter(ev))[0]
+    ref = reference_pixels(files[:k], size)
+    worst = min(psnr_db(got[i], ref[i]) for i in range(k))
+    ok = worst >= MIN_PSNR_DB
+    detail += f"; pixels {worst:.1f} dB PSNR (worst of {k}) vs PIL decode + Resize + CenterCrop"
+    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=worst)
+
+
+def label_array(dataset: Any) -> np.ndarray:
+    """The labels of a JpegFolder / ShardDataset / CachedDataset, read without decoding where possible."""
+    labels = getattr(dataset, "labels", None)
+    if labels is not None:
+        return np.asarray(labels, dtype=np.int64)
+    from pytorchtricks.tricks.data._images import read_item
+
+    return np.asarray([read_item(dataset, i)[1] for i in range(len(dataset))], dtype=np.int64)
