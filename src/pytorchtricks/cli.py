@@ -14,6 +14,10 @@ from typing import Any
 from pytorchtricks.core import PttError
 
 EXIT_USAGE = 2
+# --input-shape defaults: C is the model's channels (its first convolution's in_channels; 3 without one)
+_SHAPE_NOTE = "{}, C the model's input channels"
+# subcommands that run models (and time them with torch.utils.benchmark, which imports torch.utils.cpp_extension)
+_TORCH_COMMANDS = ("bench", "doctor", "tune", "lint", "profile", "flops", "memory", "optimize")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -215,7 +219,19 @@ def _add_tune(sub: Any) -> None:
         help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)",
     )
     p.add_argument("--batch-size", type=int, default=None, help="default: 32")
-    p.add_argument("--input-size", type=int, default=None, help="image side in pixels (default: 64)")
+    p.add_argument(
+        "--input-shape",
+        default=None,
+        metavar="C,H,W",
+        help="one sample's shape, e.g. 1,28,28 for MNIST (default: the model's first conv's channels, 64 px)",
+    )
+    p.add_argument("--input-size", type=int, default=None, help="just the image side in pixels (default: 64)")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="DataLoader workers your loop already uses: the baseline loads with them (default: 0)",
+    )
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 160)")
@@ -232,9 +248,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     console = _console()
     res = tune_model(
-        args.model, args.data, batch_size=args.batch_size, input_size=args.input_size, goal=args.goal,
-        for_=args.for_, time_budget_s=args.time_budget, device=args.device, out=args.out,
-        progress=RichProgress(console),
+        args.model, args.data, batch_size=args.batch_size, input_size=args.input_size,
+        input_shape=args.input_shape, num_workers=args.num_workers, goal=args.goal, for_=args.for_,
+        time_budget_s=args.time_budget, device=args.device, out=args.out, progress=RichProgress(console),
     )  # fmt: skip
     console.print(receipt_table(res))
     for line in summary_lines(res, args.out):
@@ -328,18 +344,28 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------- lint / profile
 
 
-def _model_and_input(spec: str, shape: str) -> tuple[Any, Any]:
+def _model_and_input(spec: str, shape: str | None, default: str) -> tuple[Any, Any]:
+    """The model and a random input: ``--input-shape`` as given, or ``default`` with the model's own channels
+    (its first convolution's ``in_channels``: a 1-channel MNIST model gets 1 channel, not 3)."""
     import torch
 
     from pytorchtricks.bench.workloads import load_model, parse_shape
+    from pytorchtricks.tune.workload import model_in_channels
 
-    return load_model(spec), torch.randn(parse_shape(shape))
+    model = load_model(spec)
+    dims = parse_shape(shape or default)
+    channels = model_in_channels(model)
+    if shape is None and channels is not None and len(dims) >= 2:
+        dims = (dims[0], channels, *dims[2:])
+    return model, torch.randn(dims)
 
 
 def _add_lint(sub: Any) -> None:
     p = sub.add_parser("lint", help="check a model against the design rules (PTL001 ...): where, cost, fix")
     p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
-    p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
+    p.add_argument(
+        "--input-shape", help=f"example input shape (default: {_SHAPE_NOTE.format('1,C,224,224')})"
+    )
     p.add_argument("--phase", default="train", choices=("train", "infer"), help="what the model is for")
     p.add_argument("--rules", help="comma-separated rule ids, e.g. PTL001,PTL010 (default: all)")
     p.add_argument("--fix", action="store_true", help="apply the safe fixes (exact) and report what changed")
@@ -351,7 +377,7 @@ def _add_lint(sub: Any) -> None:
 def _cmd_lint(args: argparse.Namespace) -> int:
     from pytorchtricks.analysis.lint import apply_lint_fixes_, lint
 
-    model, x = _model_and_input(args.model, args.input_shape)
+    model, x = _model_and_input(args.model, args.input_shape, "1,3,224,224")
     rules = [r.strip().upper() for r in args.rules.split(",") if r.strip()] if args.rules else None
     console = _console()
     if args.fix:
@@ -374,7 +400,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 def _add_profile(sub: Any) -> None:
     p = sub.add_parser("profile", help="profile a training step: time split, verdict, top ops")
     p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
-    p.add_argument("--input-shape", default="8,3,224,224", help="batch shape (default: %(default)s)")
+    p.add_argument("--input-shape", help=f"batch shape (default: {_SHAPE_NOTE.format('8,C,224,224')})")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: %(default)s)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler (0: skip)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -390,10 +416,17 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from pytorchtricks.core import resolve_device
 
     dev = resolve_device(args.device)
-    model, x = _model_and_input(args.model, args.input_shape)
+    model, x = _model_and_input(args.model, args.input_shape, "8,3,224,224")
     model.to(dev).train()
-    with torch.no_grad():
-        out = model(x[:1].to(dev))
+    try:
+        with torch.no_grad():
+            out = model(x[:1].to(dev))
+    except Exception as exc:  # the model does not take this shape: say which one to pass
+        raise PttError(
+            f"the model fails on inputs of shape {tuple(x.shape)} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); pass the batch shape it takes with --input-shape "
+            "N,C,H,W (e.g. 8,1,28,28 for an MNIST model)."
+        ) from exc
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         raise PttError("ptt profile trains with cross-entropy on a [batch, classes] output; profile other models "
                        "from Python with ptt.profile(step_fn, data=...).")  # fmt: skip
@@ -418,7 +451,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _add_flops(sub: Any) -> None:
     p = sub.add_parser("flops", help="FLOPs, params and memory access cost per layer (1 MAC = 2 FLOPs)")
     p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
-    p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
+    p.add_argument(
+        "--input-shape", help=f"example input shape (default: {_SHAPE_NOTE.format('1,C,224,224')})"
+    )
     p.add_argument("--top", type=int, default=20, help="layers to list, most FLOPs first")
     p.set_defaults(handler=_cmd_flops)
 
@@ -426,7 +461,7 @@ def _add_flops(sub: Any) -> None:
 def _cmd_flops(args: argparse.Namespace) -> int:
     from pytorchtricks.analysis.flops import count_flops
 
-    model, x = _model_and_input(args.model, args.input_shape)
+    model, x = _model_and_input(args.model, args.input_shape, "1,3,224,224")
     r = count_flops(model, x)
     _console().print(f"{r}\n{r.table(top=args.top)}", markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -435,7 +470,7 @@ def _cmd_flops(args: argparse.Namespace) -> int:
 def _add_memory(sub: Any) -> None:
     p = sub.add_parser("memory", help="training memory: params, grads, optimizer state, activations")
     p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
-    p.add_argument("--input-shape", default="8,3,224,224", help="batch shape (default: %(default)s)")
+    p.add_argument("--input-shape", help=f"batch shape (default: {_SHAPE_NOTE.format('8,C,224,224')})")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "none"))
     p.add_argument("--no-measure", action="store_true", help="skip measuring the peak of a real step")
     p.set_defaults(handler=_cmd_memory)
@@ -446,7 +481,7 @@ def _cmd_memory(args: argparse.Namespace) -> int:
 
     from pytorchtricks.analysis.memory import memory_breakdown
 
-    model, x = _model_and_input(args.model, args.input_shape)
+    model, x = _model_and_input(args.model, args.input_shape, "8,3,224,224")
     opt: Any = None
     if args.optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters())
@@ -566,6 +601,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_USAGE
+    if args.command in _TORCH_COMMANDS:  # `ptt list` and friends stay light: no torch import for them
+        from pytorchtricks.quiet import import_cpp_extension_quietly
+
+        import_cpp_extension_quietly()  # its "No CUDA runtime is found, using CUDA_HOME" is noise on a CPU run
     try:
         return int(args.handler(args) or 0)
     except PttError as exc:

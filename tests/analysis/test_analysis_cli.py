@@ -20,6 +20,15 @@ def net():
         nn.Conv2d(16, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 16),
     )
+
+
+def gray():
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
+
+
+def mnist():
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 28 * 28, 10))
 """
 
 
@@ -89,3 +98,21 @@ def test_lint_measure_fills_measured(capsys: pytest.CaptureFixture[str]) -> None
     report = lint(model, x, rules=["PTL004"])
     measure_findings(model, x, report.findings, rounds=1, min_run_time_s=0.01)
     assert report.findings and "the time of an equal-FLOPs 181->181 conv" in report.findings[0].measured
+
+
+def test_default_shape_takes_the_models_channels(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    gray = spec.replace(":net", ":gray")
+    assert main(["lint", gray, "--rules", "PTL002"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "input 1x1x224x224" in out and "PTL002" not in out
+    )  # 1 channel, and the 10-class head is no finding
+    assert main(["profile", gray, "--input-shape", "2,1,16,16", "--steps", "1", "--profile-steps", "0"]) == 0
+
+
+def test_profile_on_a_shape_the_model_does_not_take_says_which_to_pass(
+    spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["profile", spec.replace(":net", ":mnist"), "--steps", "1", "--profile-steps", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "--input-shape N,C,H,W" in err and "Traceback" not in err

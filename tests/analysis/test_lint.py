@@ -258,3 +258,56 @@ def test_untraceable_model_still_lints_with_a_note() -> None:
 
     report = ptt.lint(Dynamic(), X)
     assert report.findings == [] and "could not trace" in report.notes[0]
+
+
+class MnistNet(nn.Module):
+    """The official MNIST example's model (pytorch/examples): 1 input channel, a 10-class output layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return F.log_softmax(self.fc2(F.relu(self.fc1(torch.flatten(x, 1)))), dim=1)
+
+
+class Untraceable(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it, lint falls back on the module probe."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, hidden), nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.fc2(h.relu() if h.sum() > 0 else h)
+
+
+def test_the_output_layer_width_is_not_a_finding() -> None:
+    rep = ptt.lint(MnistNet(), torch.randn(8, 1, 28, 28), rules=["PTL002"])
+    assert rep.where("PTL002") == []  # fc2's 10 classes are the task's, not a design choice
+    hidden = nn.Sequential(nn.Linear(16, 60), nn.ReLU(), nn.Linear(60, 64), nn.ReLU(), nn.Linear(64, 10))
+    rep = ptt.lint(hidden, torch.randn(8, 16), rules=["PTL002"])
+    assert rep.where("PTL002") == ["0", "2"]  # hidden width 60 (out of 0, into 2) still is; the head is not
+    assert "in 60" in next(f.message for f in rep.findings if f.location == "2")
+    untraced = ptt.lint(Untraceable(60), torch.randn(8, 16), rules=["PTL002"])
+    assert untraced.where("PTL002") == ["fc1", "fc2"] and "out 10" not in str(untraced)
+
+
+def test_a_probe_batch_is_reported_at_the_workload_batch() -> None:
+    m = nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 1)
+    )
+    probe, whole = torch.randn(2, 8, 8, 8), torch.randn(32, 8, 8, 8)
+    small, stated, real = ptt.lint(m, probe), ptt.lint(m, probe, batch_size=32), ptt.lint(m, whole)
+    assert "PTL003" in small.ids() and "PTL003" not in stated.ids()  # the probe's batch 2 never leaks
+    cost = {r: next(f.cost_bytes for f in rep.findings if f.id == "PTL012") for r, rep in
+            (("small", small), ("stated", stated), ("real", real))}  # fmt: skip
+    assert cost["stated"] == cost["real"] == 16 * cost["small"]
+    odd = ptt.lint(m, probe, batch_size=12)
+    assert "batch size 12 " in next(f.message for f in odd.findings if f.id == "PTL003")
+    assert "costs for batch 12" in str(odd)
+    with pytest.raises(PttError, match="batch_size"):
+        ptt.lint(m, probe, batch_size=0)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.analysis.profile import SEGMENTS, _verdict
+from pytorchtricks.analysis.profile import SEGMENTS, _verdict, bf16_native
 from pytorchtricks.core import PttError
 
 
@@ -62,7 +62,8 @@ def test_compute_heavy_loop_says_compute_bound_and_splits_the_step() -> None:
     assert rep.split_s["optimizer"] > 0 and rep.split_s["h2d"] == 0 and rep.split_s["sync"] == 0
     assert any("mm" in r["name"] for r in rep.top_ops[:3]), rep.top_ops
     assert rep.hotspots and all({"function", "calls", "tottime_ms"} <= set(r) for r in rep.hotspots)
-    assert "mixed_precision" in str(rep)
+    # the bf16 tip only where bf16 is native (test_bf16_tip_only_where_bf16_is_native covers both)
+    assert ("mixed_precision" in str(rep)) is bf16_native(torch.device("cpu"))
 
 
 def test_verdict_rules() -> None:
@@ -118,3 +119,35 @@ def test_misuse() -> None:
         ptt.profile(lambda b: None, steps=1, data=[], warmup=0, profile_steps=0, hotspot_steps=0)
     rep = ptt.profile(lambda: None, steps=2, warmup=0, profile_steps=0, hotspot_steps=0)  # no data: step_fn()
     assert rep.split_s["data"] >= 0 and rep.steps == 2
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_tip_only_where_bf16_is_native(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    import pytorchtricks.analysis.profile as prof
+    from pytorchtricks.hardware import caps_from
+
+    flags = {"avx2", "fma"} | ({"avx512f", "avx512bw", "avx512_bf16"} if native else set())
+    monkeypatch.setattr(prof, "cpu_caps", lambda: caps_from("test cpu", flags, {}))
+    tip, note = prof.first_trick("compute-bound", torch.device("cpu"))
+    assert ("bf16" in tip) is native and "ptt.compile_" in tip
+    assert note is None if native else "no native bf16" in str(note)
+    assert "bf16" not in prof.first_trick("input-bound", torch.device("cpu"))[0]
+    # and the report says it: a compute-bound step on an AVX2-only CPU gets no bf16 tip, and a note why
+    monkeypatch.setattr(prof, "_verdict", lambda split: "compute-bound")
+    _, step = _train_step(nn.Linear(64, 64))
+    rep = ptt.profile(
+        step, steps=2, data=[torch.randn(8, 64)], profile_steps=0, hotspot_steps=0, device="cpu"
+    )
+    assert ("mixed_precision" in str(rep)) is native and any(
+        "no native bf16" in n for n in rep.notes
+    ) is not native
+
+
+@pytest.mark.isa
+def test_bf16_tip_on_cuda_follows_is_bf16_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytorchtricks.analysis.profile as prof
+
+    for supported in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
+        assert ("bf16" in prof.first_trick("compute-bound", torch.device("cuda"))[0]) is supported

@@ -29,6 +29,18 @@ def fails_small():
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 32 * 32, 10))
 
 
+def mnist():
+    # 1 input channel, a Linear sized for 28x28 (the official MNIST example's shape)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(8 * 14 * 14, 10))
+
+
+def gray():
+    # 1 input channel, any input size
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
 def broken_import():
     raise RuntimeError("unreachable")
 """

@@ -146,3 +146,62 @@ def test_cli_runs_tune(tmp_path, models_file):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ptt tune" in proc.stdout and "receipt:" in proc.stdout
     assert os.path.exists(os.path.join(out, "report.html"))
+
+
+def test_findings_describe_the_workload_not_the_lint_probe(models_file):
+    # lint runs on a 4-sample probe; the receipt must speak of the user's batch
+    for batch, flagged in ((32, False), (12, True)):
+        w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=batch, input_size=16)
+        diag = diagnose(w, budget_s=4)
+        batch_findings = [f for f in diag.findings if f.id.startswith("PTL003") or "multiple-of-8" in f.id]
+        text = " ".join(f.message for f in diag.findings)
+        assert "batch size 4 " not in text
+        assert bool(batch_findings) is flagged
+        if flagged:  # once, in lint's words, with the workload's batch
+            assert len(batch_findings) == 1 and f"batch size {batch} " in batch_findings[0].message
+        assert all(f"at batch {batch}" in line for line in diag.memory.get("top_modules", []))
+
+
+def test_tune_does_not_recommend_what_the_workload_already_has(models_file):
+    from pytorchtricks.tune.engine import already_applied
+    from pytorchtricks.tune.runner import loader_workers
+
+    w = build_workload(
+        f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, num_workers=loader_workers()
+    )
+    assert "already in place" in str(already_applied("loader_workers", w))
+    assert (
+        Runner(w, (), loader=False).num_workers == loader_workers()
+    )  # the baseline loads as the user's loop
+    fresh = build_workload(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16)
+    assert (
+        already_applied("loader_workers", fresh) is None
+        and already_applied("to_channels_last", fresh) is None
+    )
+
+
+def test_one_interleaved_run_holds_both_baselines():
+    from pytorchtricks.tune.engine import STEP_BASELINE, _one_run
+
+    run = _one_run(["to_channels_last", "loader_workers"], step_s=0.02, compute_s=0.01, budget_s=20)
+    assert run is not None
+    _, variants, whole, _ = run
+    assert list(variants) == ["baseline", "to_channels_last", STEP_BASELINE, "loader_workers"]
+    assert whole == (STEP_BASELINE, "loader_workers")  # read through the loader; the rest staged
+    only_loader = _one_run(["loader_workers"], step_s=0.02, compute_s=0.01, budget_s=20)
+    assert only_loader is not None and list(only_loader[1]) == [STEP_BASELINE, "loader_workers"]
+
+
+def test_apply_keeps_the_users_loader_and_gives_no_bf16_advice_it_did_not_measure():
+    payload = {
+        "recommended": [],
+        "workload": {"for": "train", "model": "m", "batch_size": 8, "input_size": 28, "input_shape": [1, 28, 28],
+                     "num_workers": 2},
+        "combined": None,
+        "env": {"device_name": "cpu", "threads": 2, "torch": torch.__version__},
+        "candidates": [{"name": "mixed_precision", "status": "skipped",
+                        "reason": "this device has no native bf16: bf16 would be emulated and slower"}],
+    }  # fmt: skip
+    code = receipt.apply_snippet(payload)
+    assert "num_workers=2" in code and "1x28x28" in code
+    assert 'dtype="bf16"' not in code and "mixed_precision(device, enabled=False)" in code

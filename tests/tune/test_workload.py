@@ -94,3 +94,45 @@ def test_workload_from_a_ptt_pack(tmp_path, models_file, jpeg_folder):
     x, y = w.example_batch()
     assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16) and w.num_classes == 2
     assert "ptt pack" in w.data_desc and set(y.tolist()) <= {0, 1}
+
+
+def test_input_shape_is_the_whole_shape_channels_included(models_file, jpeg_folder):
+    # the official MNIST example: 1 channel, 28x28; tune used to feed it 3 channels
+    w = build_workload(f"{models_file}:mnist", "synthetic", batch_size=4, input_shape="1,28,28")
+    x, _ = w.example_batch()
+    assert x.shape == (4, 1, 28, 28) and w.input_shape == (1, 28, 28) and w.shape_text() == "1x28x28"
+    w = build_workload(f"{models_file}:mnist", jpeg_folder, input_shape=(6, 1, 28, 28))  # N,C,H,W: batch too
+    assert w.example_batch()[0].shape == (6, 1, 28, 28) and w.batch_size == 6
+    # without --input-shape the channels are the model's (its first conv), the side --input-size's
+    w = build_workload(f"{models_file}:gray", jpeg_folder, batch_size=2, input_size=16)
+    assert w.example_batch()[0].shape == (2, 1, 16, 16)
+    assert build_workload(f"{models_file}:tiny", "synthetic", batch_size=2, input_size=16).channels == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"input_shape": "1,28"}, "not an image shape"),
+        ({"input_shape": "1,28,28", "input_size": 32}, "disagrees"),
+        ({"input_shape": "8,1,28,28", "batch_size": 4}, "disagrees"),
+        ({"input_shape": "1,64,64"}, "--input-shape 1,64,64"),  # the MNIST Linear needs 28x28
+    ],
+)
+def test_bad_input_shapes_explain_the_fix(models_file, kwargs, needle):
+    with pytest.raises(PttError, match="input-shape") as err:
+        build_workload(f"{models_file}:mnist", "synthetic", **kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_default_shape_failure_says_where_the_shape_came_from(models_file):
+    with pytest.raises(PttError) as err:
+        build_workload(f"{models_file}:mnist", "synthetic", batch_size=2)
+    msg = str(err.value)
+    assert "(2, 1, 64, 64)" in msg and "first convolution" in msg and "--input-shape C,H,W" in msg
+
+
+def test_cli_tune_takes_input_shape_and_num_workers():
+    from pytorchtricks.cli import build_parser
+
+    args = build_parser().parse_args(["tune", "--input-shape", "1,28,28", "--num-workers", "2"])
+    assert (args.input_shape, args.num_workers) == ("1,28,28", 2)

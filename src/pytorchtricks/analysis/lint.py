@@ -36,6 +36,7 @@ class LintReport:
     phase: str
     summary: str = ""
     notes: list[str] = field(default_factory=list)
+    batch_size: int | None = None  # the batch findings are stated for, when the example was a smaller probe
 
     def ids(self) -> list[str]:
         return sorted({f.id for f in self.findings})
@@ -46,7 +47,8 @@ class LintReport:
 
     def __str__(self) -> str:
         shapes = ", ".join("x".join(map(str, s)) for s in self.input_shapes)
-        lines = [f"ptt lint {self.model} (input {shapes}, phase {self.phase})", self.summary]
+        at = f", costs for batch {self.batch_size}" if self.batch_size else ""
+        lines = [f"ptt lint {self.model} (input {shapes}{at}, phase {self.phase})", self.summary]
         counts: dict[str, int] = {}
         for f in self.findings:
             counts[f.id] = counts.get(f.id, 0) + 1
@@ -136,22 +138,33 @@ def _params_without_grad(model: nn.Module, args: tuple[Any, ...]) -> tuple[list[
 
 
 def lint(
-    model: nn.Module, example_inputs: Any, *, phase: str = "train", rules: list[str] | None = None
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    phase: str = "train",
+    rules: list[str] | None = None,
+    batch_size: int | None = None,
 ) -> LintReport:
     """Check ``model`` against the design rules; returns a ``LintReport`` (``print`` it).
 
     ``phase`` is ``"train"`` (also probes which parameters get gradients, with one backward) or ``"infer"``
     (also flags a model left in training mode). ``rules`` restricts to some ids (``["PTL001"]``). The model is
-    run, but its buffers, gradients and modes are restored.
+    run, but its buffers, gradients and modes are restored. ``batch_size`` is the batch the model really runs
+    at when ``example_inputs`` is a smaller probe: the batch rule (PTL003) and the bytes per forward are then
+    stated for it, not for the probe.
 
     Example:
         >>> m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 64, 3))
         >>> ptt.lint(m, torch.randn(8, 3, 16, 16)).ids()
         ['PTL001', 'PTL012']
+        >>> ptt.lint(m, torch.randn(2, 3, 16, 16), batch_size=30).ids()  # probed at 2, stated for batch 30
+        ['PTL001', 'PTL003', 'PTL012']
     """
     check_module(model)
     if phase not in PHASES:
         raise PttError(f"phase must be 'train' or 'infer', got {phase!r}.")
+    if batch_size is not None and batch_size < 1:
+        raise PttError(f"batch_size must be a positive number of samples, got {batch_size}.")
     unknown = [r for r in rules or [] if r not in RULES]
     if unknown:
         raise PttError(f"unknown lint rule(s) {unknown}; known: {', '.join(RULES)}.")
@@ -180,6 +193,7 @@ def lint(
         modules=dict(model.named_modules()),
         grouped_conv_inputs_channels_last=channels_last,
         no_grad_params=no_grad,
+        batch_size=batch_size,
     )
     findings: list[Finding] = []
     for rule_id, (_, fn) in RULES.items():
@@ -192,6 +206,7 @@ def lint(
         phase=phase,
         summary=str(flops),
         notes=notes,
+        batch_size=batch_size,
     )
 
 

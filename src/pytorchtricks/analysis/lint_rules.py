@@ -64,6 +64,25 @@ class LintContext:
     modules: dict[str, nn.Module] = field(default_factory=dict)
     grouped_conv_inputs_channels_last: set[str] = field(default_factory=set)
     no_grad_params: list[str] | None = None  # None: not probed
+    # the batch the model runs at when ``args`` is a smaller probe (None: the probe's own batch); costs per
+    # forward scale with it, so findings describe the user's workload, never the probe
+    batch_size: int | None = None
+
+    @property
+    def probe_batch(self) -> int | None:
+        x = next((a for a in self.args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+        return int(x.shape[0]) if x is not None else None
+
+    @property
+    def batch(self) -> int | None:
+        """The batch findings are stated for: the workload's when given, else the example's."""
+        return self.batch_size or self.probe_batch
+
+    def per_forward(self, probe_bytes: float) -> int:
+        """Bytes per forward at ``batch`` from bytes measured on the probe (activation traffic is linear in it)."""
+        probe = self.probe_batch
+        scale = self.batch_size / probe if self.batch_size and probe else 1.0
+        return int(probe_bytes * scale)
 
     def out_shape(self, path: str) -> tuple[int, ...] | None:
         outs = self.tracker.call_outputs.get(path)
@@ -108,9 +127,8 @@ def conv_bias_before_bn(ctx: LintContext) -> list[Finding]:
         user = next(iter(node.users))
         if user.op == "call_module" and isinstance(ctx.modules.get(user.target), _BN):
             shape = ctx.out_shape(node.target)
-            traffic = (
-                2 * math.prod(shape) * ctx.itemsize() if shape else 0
-            )  # the bias add reads + writes the output
+            # the bias add reads + writes the output
+            traffic = ctx.per_forward(2 * math.prod(shape) * ctx.itemsize()) if shape else 0
             out.append(
                 Finding(
                     "PTL001",
@@ -142,10 +160,51 @@ def _input_fed(ctx: LintContext) -> set[str]:
     return fed
 
 
+def _output_layers(ctx: LintContext) -> set[str]:
+    """Convs/Linears whose output is the model's output (a classifier's logits, a head's channels), possibly
+    through ops that keep the width (log_softmax, flatten, dropout, ...): their width is the task's, not a choice.
+
+    From the traced graph, walking back from the output to the nearest conv/linear on every path; untraced, the
+    last conv/linear that ran whose width equals the model output's.
+    """
+    layers = (*_CONV, nn.Linear)
+    found: set[str] = set()
+    if ctx.graph is not None:
+        out_node = next((n for n in ctx.graph.nodes if n.op == "output"), None)
+        todo = list(out_node.all_input_nodes) if out_node is not None else []
+        seen: set[Any] = set()
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if node.op == "call_module" and isinstance(ctx.modules.get(node.target), layers):
+                found.add(str(node.target))
+            elif node.op != "placeholder":
+                todo.extend(node.all_input_nodes)
+        return found
+    model_out = ctx.out_shape("")
+    width = model_out[1] if model_out and len(model_out) > 1 else None
+    ran = [
+        p for p in ctx.tracker.call_outputs if isinstance(ctx.modules.get(p), layers)
+    ]  # in order of running
+    for path in reversed(ran):
+        shape = ctx.out_shape(path)
+        if shape and len(shape) > 1 and shape[1] == width:
+            found.add(path)
+            break
+    return found
+
+
+def _pad8(c: int, keep: bool) -> int:
+    return c if keep else math.ceil(c / 8) * 8
+
+
 @rule("PTL002", "channels-not-multiple-of-8")
 def channels_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
     out: list[Finding] = []
     fed = _input_fed(ctx)
+    heads = _output_layers(ctx)  # a 10-class output layer is not a finding: the task fixes its width
     for path, m in ctx.modules.items():
         if ctx.tracker.calls.get(path, 0) == 0:
             continue
@@ -155,17 +214,14 @@ def channels_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
             c_in, c_out, kind = m.in_features, m.out_features, "features"
         else:
             continue
-        bad = [f"out {c_out}"] if c_out % 8 else []
+        bad = [f"out {c_out}"] if c_out % 8 and path not in heads else []
         if c_in % 8 and path not in fed:
             bad.insert(0, f"in {c_in}")
         if not bad:
             continue
-        padded = (
-            math.ceil(c_in / 8) * 8 * math.ceil(c_out / 8) * 8
-            if path not in fed
-            else c_in * math.ceil(c_out / 8) * 8
-        )
+        padded = _pad8(c_in, path in fed) * _pad8(c_out, path in heads)
         waste = 1 - (c_in * c_out) / padded if padded else 0.0
+        widths = [c for c, keep in ((c_in, path in fed), (c_out, path in heads)) if not keep and c % 8]
         out.append(
             Finding(
                 "PTL002",
@@ -174,7 +230,7 @@ def channels_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
                 f"{type(m).__name__} {kind} {', '.join(bad)} are not multiples of 8: tensor cores and vector units "
                 "work on blocks of 8 (fp16/bf16) and pad or fall back to slower kernels.",
                 f"up to {waste:.0%} of this layer's math is padding",
-                f"round {kind} to a multiple of 8 (e.g. {math.ceil(max(c_in, c_out) / 8) * 8})",
+                f"round {kind} to a multiple of 8 (e.g. {math.ceil(max(widths) / 8) * 8})",
                 severity="info" if c_out < 8 else "warn",
             )
         )
@@ -183,10 +239,9 @@ def channels_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
 
 @rule("PTL003", "batch-not-multiple-of-8")
 def batch_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
-    x = next((a for a in ctx.args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-    if x is None or x.shape[0] <= 1 or x.shape[0] % 8 == 0:
+    b = ctx.batch
+    if b is None or b <= 1 or b % 8 == 0:
         return []
-    b = x.shape[0]
     return [
         Finding(
             "PTL003",
@@ -214,7 +269,7 @@ def g1_unequal_channels(ctx: LintContext) -> list[Finding]:
         excess = feature - balanced
         if excess / (feature + c1 * c2) < G1_EXCESS_SHARE:
             continue
-        nbytes = int(excess * n * ctx.itemsize())
+        nbytes = ctx.per_forward(excess * n * ctx.itemsize())
         out.append(
             Finding(
                 "PTL004",
@@ -242,7 +297,7 @@ def g2_group_conv(ctx: LintContext) -> list[Finding]:
         g, c2 = m.groups, m.out_channels
         n, spatial = shape[0], math.prod(shape[2:])
         # at equal FLOPs a dense conv has c2/g outputs: MAC excess = spatial * c2 * (1 - 1/g) elements per sample
-        nbytes = int(n * spatial * c2 * (1 - 1 / g) * ctx.itemsize())
+        nbytes = ctx.per_forward(n * spatial * c2 * (1 - 1 / g) * ctx.itemsize())
         out.append(
             Finding(
                 "PTL005",
@@ -314,6 +369,8 @@ def _common_prefix(lists: list[list[str]]) -> list[str]:
 
 @rule("PTL007", "g4-elementwise-traffic")
 def g4_elementwise_traffic(ctx: LintContext) -> list[Finding]:
+    # the share is the probe's: weight reads do not grow with the batch, so at a larger batch it is if anything
+    # higher; the bytes are scaled to the workload's batch
     total = ctx.flops.bytes
     ew = ctx.flops.bytes_by_category.get("elementwise", 0)
     if not total or ew / total < G4_ELEMENTWISE_SHARE:
@@ -330,11 +387,11 @@ def g4_elementwise_traffic(ctx: LintContext) -> list[Finding]:
             f"element-wise ops (activations, adds, bias) move {ew / total:.0%} of all bytes for "
             f"{ctx.flops.flops_by_category.get('elementwise', 0) / max(ctx.flops.flops, 1):.1%} of the FLOPs "
             f"(ShuffleNetV2 G4); largest at {', '.join(display(r.path) for r in top)}.",
-            f"{fmt_bytes(ew)} of {fmt_bytes(total)} memory traffic per forward",
+            f"{fmt_bytes(ctx.per_forward(ew))} of element-wise memory traffic per forward",
             "fuse element-wise ops into the producing kernel (torch.compile, ptt.fuse_conv_bn_ for inference) "
             "and drop activations/adds that do not help accuracy",
             severity="info",
-            cost_bytes=ew,
+            cost_bytes=ctx.per_forward(ew),
         )
     ]
 
@@ -348,7 +405,7 @@ def attention_high_resolution(ctx: LintContext) -> list[Finding]:
         if tokens < ATTENTION_MAX_TOKENS or op["module"] in seen:
             continue
         seen.add(op["module"])
-        score_bytes = op.get("score_elements", 0) * ctx.itemsize()
+        score_bytes = ctx.per_forward(op.get("score_elements", 0) * ctx.itemsize())
         out.append(
             Finding(
                 "PTL008",
@@ -441,7 +498,7 @@ def inplace_activation(ctx: LintContext) -> list[Finding]:
     out: list[Finding] = []
     for path in safe_inplace_candidates(ctx.model):
         shape = ctx.out_shape(path)
-        nbytes = math.prod(shape) * ctx.itemsize() if shape else 0
+        nbytes = ctx.per_forward(math.prod(shape) * ctx.itemsize()) if shape else 0
         out.append(
             Finding(
                 "PTL012",

@@ -9,7 +9,9 @@ Three passes over the user's own step function:
    Chrome/Perfetto trace, gzipped or dropped if it exceeds a size limit;
 3. ``cProfile`` over a couple of steps: Python-side hotspots.
 The verdict names the bottleneck (input-bound, sync-bound, compute-bound, or overhead-bound) and the first trick
-to try. Clock reads go through ``bench.measure.now_s``.
+to try - filtered by the device it runs on: bf16 only where it is native (CPU: avx512_bf16/AMX, not limited away;
+CUDA: ``torch.cuda.is_bf16_supported()``), since emulated bf16 is several times slower than fp32. Clock reads go
+through ``bench.measure.now_s``; Kineto's log lines of a run that went well are dropped (``quiet``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from torch.overrides import TorchFunctionMode
 
 from pytorchtricks.bench.measure import now_s, sync
 from pytorchtricks.core import PttError
+from pytorchtricks.hardware import cpu_caps
+from pytorchtricks.quiet import filtered_stderr
 
 __all__ = ["ProfileReport", "profile"]
 
@@ -42,6 +46,30 @@ FIRST_TRICK = {
     "compute-bound": "do less or cheaper math: ptt.mixed_precision (bf16), ptt.to_channels_last_, ptt.compile_",
     "overhead-bound": "cut Python and launch overhead: larger batches, ptt.compile_, fewer small ops per step",
 }
+# where bf16 is not native (emulated through fp32, several times slower) the compute-bound tip goes without it
+COMPUTE_BOUND_NO_BF16 = "do less or cheaper math: ptt.to_channels_last_, ptt.compile_"
+NO_BF16_NOTE = "no bf16 tip: {where} has no native bf16; emulated bf16 runs slower than fp32"
+
+
+def bf16_native(device: torch.device) -> bool:
+    """True when ``device`` computes bf16 natively: CUDA ``is_bf16_supported()``; CPU avx512_bf16 or AMX, not
+    limited away by ``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA`` (``hardware.cpu_caps``)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return device.type == "cpu" and cpu_caps().native_bf16
+
+
+def first_trick(verdict: str, device: torch.device) -> tuple[str, str | None]:
+    """The first trick to try for ``verdict`` on ``device``, and a note when advice was left out for it.
+
+    Example:
+        >>> first_trick("sync-bound", torch.device("cpu"))[0].startswith("remove per-step host syncs")
+        True
+    """
+    if verdict == "compute-bound" and not bf16_native(device):
+        where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
+        return COMPUTE_BOUND_NO_BF16, NO_BF16_NOTE.format(where=where)
+    return FIRST_TRICK[verdict], None
 
 
 @dataclass
@@ -263,6 +291,10 @@ def _call(step_fn: Callable[..., Any], batches: _Batches, seg: _Segments | None 
             batch = batches.next()
     else:
         batch = batches.next()
+    _run(step_fn, batches, batch)
+
+
+def _run(step_fn: Callable[..., Any], batches: _Batches, batch: Any) -> None:
     if batches.data is None:
         step_fn()
     else:
@@ -379,7 +411,8 @@ def profile(
             seg.exit(synchronize=True)
     split = {k: v / steps for k, v in seg.totals.items()}
     verdict = _verdict(split)
-    report = ProfileReport(steps=steps, split_s=split, verdict=verdict, first_trick=FIRST_TRICK[verdict])
+    tip, left_out = first_trick(verdict, dev)
+    report = ProfileReport(steps=steps, split_s=split, verdict=verdict, first_trick=tip)
     if profile_steps:
         from torch.profiler import ProfilerActivity, schedule
         from torch.profiler import profile as torch_profile
@@ -394,12 +427,21 @@ def profile(
             if tmp:
                 p.export_chrome_trace(tmp)
 
-        with torch_profile(
-            activities=activities, schedule=sched, acc_events=True, on_trace_ready=on_ready
-        ) as prof:
+        prof = torch_profile(activities=activities, schedule=sched, acc_events=True, on_trace_ready=on_ready)
+        # Kineto prints USDT start/stop markers (and, on a CUDA build without a driver, a device-count ERROR)
+        # at start, stop and schedule steps: filtered there. Batches are drawn outside the filter, since a loader
+        # may fork its workers then, and a child would inherit the filter's temporary file as its stderr.
+        with filtered_stderr():
+            prof.start()
+        try:
             for _ in range(1 + profile_steps):
-                _call(step_fn, batches)
-                prof.step()
+                batch = batches.next()
+                with filtered_stderr():
+                    _run(step_fn, batches, batch)
+                    prof.step()
+        finally:
+            with filtered_stderr():
+                prof.stop()
         report.top_ops = _top_ops(prof, top, dev)
         if trace_path and tmp:
             report.trace_path, note = _guard_trace(tmp, trace_path, max_trace_bytes)
@@ -407,4 +449,6 @@ def profile(
                 report.notes.append(note)
     if hotspot_steps:
         report.hotspots = _hotspots(step_fn, batches, hotspot_steps, top)
+    if left_out:
+        report.notes.append(left_out)
     return report

@@ -49,7 +49,8 @@ def _summary(p: dict[str, Any]) -> str:
         f"<p class='big'>Recommended: {_e(', '.join(rec) or 'keep the current setup')}"
         + (f" &mdash; measured {_ratio(combined)} images/s vs baseline</p>" if combined else "</p>"),
         f"<p>{_e(w['model'])} ({w['params'] / 1e6:.1f} M params), {_e(w['for'])}, batch {w['batch_size']}, "
-        f"{w['input_size']} px, on {_e(env.get('device_name'))} ({env.get('threads')} threads, torch "
+        f"input {_e('x'.join(map(str, w['input_shape'])) if w.get('input_shape') else str(w['input_size']) + ' px')}"
+        f"{', loader workers ' + str(w['num_workers']) if w.get('num_workers') else ''}, on {_e(env.get('device_name'))} ({env.get('threads')} threads, torch "
         f"{_e(env.get('torch'))}). Data: {_e(w['data'])}.</p>",
         f"<p class='muted'>Machine load at start: {_e(w.get('loadavg_1m_at_start'))} (1-minute average, "
         f"{_e(env.get('cpu_count'))} cores); OMP_WAIT_POLICY={_e(w.get('omp_wait_policy') or 'unset')}. "

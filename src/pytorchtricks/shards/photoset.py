@@ -147,7 +147,12 @@ def build_photo_set(
         PttError: no wallpaper packages installed (``make system-deps``), or two outputs came out identical.
     """
     dst = os.fspath(dst)
-    want = {"version": VERSION, "count": int(count), "seed": int(seed), "max_sources": max_sources}
+    want: dict[str, Any] = {
+        "version": VERSION,
+        "count": int(count),
+        "seed": int(seed),
+        "max_sources": max_sources,
+    }
     if min_mp is not None:
         want["min_mp"] = float(min_mp)
     marker = os.path.join(dst, MARKER)

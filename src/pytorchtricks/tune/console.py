@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytorchtricks.tune.engine import SCOPES, Progress, TuneResult, speedup_text
+from pytorchtricks.tune.receipt import shape_text
 
 
 class RichProgress(Progress):
@@ -58,7 +59,9 @@ def receipt_table(res: TuneResult) -> Any:
     from rich.table import Table
 
     w = res.workload
-    table = Table(title=f"ptt tune: {w['model']} ({w['for']}, batch {w['batch_size']}, {w['input_size']} px)")
+    table = Table(
+        title=f"ptt tune: {w['model']} ({w['for']}, batch {w['batch_size']}, input {shape_text(w)})"
+    )
     for col in ("trick", "status", "speed vs baseline", "images/s", "check", "why"):
         table.add_column(col, overflow="fold")
     style = {"kept": "green", "rejected": "red", "failed": "red", "skipped": "dim"}

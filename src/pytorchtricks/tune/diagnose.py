@@ -14,10 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch, peak_memory
-from pytorchtricks.hardware import cpu_caps
+from pytorchtricks.analysis.profile import bf16_native  # one definition, shared with ptt profile's tips
+from pytorchtricks.bench.alloc_events import quiet_peak_memory
+from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch
+from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tune.runner import Runner, loader_workers, ptt_function
-from pytorchtricks.tune.workload import ImageFolderData, Workload
+from pytorchtricks.tune.workload import ImageFolderData, Workload, pil_mode, size_hw
 
 INPUT_BOUND_SHARE = 0.30  # data wait above this share of the step: the loop waits for data
 
@@ -48,14 +50,6 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     # ptt.doctor_data on the workload's files: what ptt.make_loader would deliver there (None: not run)
     data_doctor: dict[str, Any] | None = None
-
-
-def bf16_native(device: torch.device) -> bool:
-    """True when the device computes bf16 natively (CPU: avx512_bf16 or AMX, not limited away by
-    ``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA``; CUDA: compute capability >= 8)."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    return cpu_caps().native_bf16
 
 
 def oversubscribed() -> str | None:
@@ -120,17 +114,21 @@ def data_stages(w: Workload, n: int = 48) -> dict[str, float]:
         import numpy as np
 
         items = []
+        h, wd = size_hw(ds.size)
+        mode = pil_mode(ds.channels)
         for i in range(n):
             with sw.stage("read file"), open(ds.path(i), "rb") as fh:
                 raw = fh.read()
             with sw.stage("decode"):
                 f = Image.open(io.BytesIO(raw))
-                f.draft("RGB", (ds.size, ds.size))
-                im: Any = f.convert("RGB")
+                f.draft(mode if mode in ("L", "RGB") else "RGB", (wd, h))
+                im: Any = f.convert(mode)
             with sw.stage("resize"):
-                im = im.resize((ds.size, ds.size), Image.Resampling.BILINEAR)
+                im = im.resize((wd, h), Image.Resampling.BILINEAR)
             with sw.stage("to tensor"):
-                items.append(torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1))
+                arr = np.asarray(im, dtype=np.uint8)
+                arr = arr[:, :, None] if arr.ndim == 2 else arr
+                items.append(torch.from_numpy(arr.copy()).permute(2, 0, 1))
     else:
         items = []
         for i in range(n):
@@ -162,6 +160,10 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
         return None, "ptt.doctor_data is not available in this build"
     if src is None:
         return None, "the data is generated in memory: no files to read or decode"
+    if w.channels != 3 or w.width is not None:
+        return None, (
+            f"ptt.make_loader delivers square RGB crops; this workload takes {w.shape_text()} inputs"
+        )
     if w.device.type != "cpu" and w.device.type != "cuda":
         return None, f"the data doctor measures host->device copies to CPU or CUDA, not {w.device.type}"
     batch = min(w.batch_size, len(w.dataset) // 8)  # type: ignore[arg-type]  # 2 timed + 2 warm-up + queue
@@ -175,7 +177,7 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
             batch_size=batch,
             crop=w.input_size,
             batches=2,
-            num_workers=loader_workers(),
+            num_workers=max(loader_workers(), w.num_workers),
             step_time_s=compute_s * batch / w.batch_size,
             device=w.device,
         )
@@ -229,18 +231,20 @@ def memory_facts(runner: Runner, *, peak: bool = True) -> dict[str, Any]:
         )
         runner.optimizer.zero_grad(set_to_none=True)
     if peak:
-        res = peak_memory(runner.step, runner.w.device)
+        res = quiet_peak_memory(runner.step, runner.w.device)
         out["step_peak_bytes"] = res.peak_bytes
         out["peak_method"] = res.method
     return out
 
 
-def _lint_findings(model: nn.Module, example: torch.Tensor) -> tuple[list[Finding], str | None]:
+def _lint_findings(model: nn.Module, example: torch.Tensor, w: Workload) -> tuple[list[Finding], str | None]:
+    """``ptt.lint`` on a small probe batch of the workload's input shape, its findings stated for the workload's
+    batch (``batch_size=``): the receipt describes the user's run, never the probe."""
     lint = ptt_function("lint")
     if lint is None:
         return [], "ptt.lint is not available in this build; tune ran its own checks"
     try:
-        found = lint(model, (example,))
+        found = lint(model, (example,), phase=w.for_, batch_size=w.batch_size)
     except Exception as exc:  # a linter failure must not stop the tuning
         return [], f"ptt.lint failed ({type(exc).__name__}: {exc}); tune ran its own checks"
     items = getattr(found, "findings", found)
@@ -282,7 +286,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
         bias_pairs, n_pairs = conv_bn_pairs(w.model_factory())
         has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        lint_found, lint_note = _lint_findings(w.model_factory(), example)
+        lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
     finally:
         runner.close()
     if lint_note:
@@ -296,9 +300,12 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-            b = breakdown(m, example, opt, measure_peak=False)
+            with filtered_stderr():  # its probe step is metered with torch.profiler: Kineto's lines dropped
+                b = breakdown(m, example, opt, measure_peak=False)
+            scale = w.batch_size / example.shape[0]  # probed on a small batch; saved bytes are linear in it
             memory["top_modules"] = [
-                f"{path} ({kind}): {n / 2**20:.1f} MiB" for path, kind, n in b.per_module[:5]
+                f"{path} ({kind}): {n * scale / 2**20:.1f} MiB at batch {w.batch_size}"
+                for path, kind, n in b.per_module[:5]
             ]
         except Exception as exc:
             notes.append(f"ptt.memory_breakdown failed ({type(exc).__name__}: {str(exc)[:120]})")
@@ -335,15 +342,19 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
     verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "compute-bound"
     if verdict == "input-bound":
+        more = loader_workers() > w.num_workers  # never advise the workers the loop already has
         findings.append(
             Finding(
                 "input-bound",
-                "DataLoader(num_workers=0)",
-                f"{share:.0%} of the step waits for data, loaded in the training process",
-                f"DataLoader(num_workers={loader_workers()}, persistent_workers=True)",
+                f"DataLoader(num_workers={w.num_workers})",
+                f"{share:.0%} of the step waits for data, loaded "
+                + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
+                f"DataLoader(num_workers={loader_workers()}, persistent_workers=True)"
+                if more
+                else "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack",
             )
         )
-    if w.batch_size % 8:
+    if w.batch_size % 8 and not any(f.id.startswith("PTL003") for f in findings):
         findings.append(
             Finding(
                 "batch-not-multiple-of-8", "batch size", f"batch size {w.batch_size}", "use a multiple of 8"

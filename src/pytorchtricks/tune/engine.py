@@ -5,7 +5,10 @@ Flow (each phase gets a share of the time budget, ``bench.measure.Deadline``):
   2. candidates - skip what cannot help (with the reason), check correctness, then measure baseline and every
      candidate *interleaved* (paired per-round ratios, median and IQR): model tricks on the compute step with a
      few batches staged in memory (an input-bound loader's time and jitter would otherwise swamp a 1.3x compute
-     gain and make the verdict flip between runs), loader settings on the whole step;
+     gain and make the verdict flip between runs), loader settings on the whole step. Both baselines (compute
+     step and whole step) and all candidates run in the *same* rounds: two baselines timed in separate runs
+     drift apart on a shared machine (a compute step measured 12% slower than the whole step it is part of);
+     in one run the part and the whole see the same machine, and their paired ratio is checked;
   3. combine - add the winners greedily, best first; each addition is re-measured against the combination without
      it and dropped when its gain vanished (median under 1 + ``MARGIN`` or first quartile under 1), or when the
      combination fails its correctness check (a conflict);
@@ -23,14 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from pytorchtricks.bench.measure import Comparison, Deadline, compare, environment, peak_memory, quantiles
+from pytorchtricks.bench.alloc_events import quiet_peak_memory
+from pytorchtricks.bench.measure import Comparison, Deadline, compare, environment, quantiles
 from pytorchtricks.core import PttError
+from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.tune.candidates import (
     CANDIDATES,
     Check,
@@ -51,6 +57,11 @@ DEFAULT_BUDGET_S = 160.0  # + imports and workload build: `make demo` ends withi
 SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
 # loader settings are measured on the whole step; every other trick on the compute step (data staged)
 DATA_TRICKS = ("loader_workers", "pin_memory")
+STEP_BASELINE = "baseline (whole step)"
+DROPPED_FOR_TIME = (
+    "not tried",
+    "checked but not measured",
+)  # how a candidate the budget left out is marked  # the variant name of the whole-step reference
 FIX_TRICKS = (
     "remove_conv_bias_before_bn",
 )  # exact fixes of diagnosed problems: kept unless measurably slower
@@ -92,8 +103,8 @@ class TuneResult:
     goal: str
     budget_s: float
     diagnosis: Diagnosis | None = None
-    # baseline: of the model tricks' run (compute step) or, without those, of the loader settings' run;
-    # step_baseline: of the loader settings' run (whole step), when there was one
+    # baseline: the compute step's (model tricks) or, without model tricks, the whole step's;
+    # step_baseline: the whole step's (loader settings), measured in the same rounds as ``baseline``
     baseline: Measured | None = None
     step_baseline: Measured | None = None
     candidates: list[CandidateResult] = field(default_factory=list)
@@ -122,11 +133,16 @@ class Progress:
 
 
 def _measured(
-    cmp: Comparison, labels: dict[str, tuple[str, ...]], items: int, mem: dict[str, Any], scope: str
+    cmp: Comparison,
+    labels: dict[str, tuple[str, ...]],
+    items: int,
+    mem: dict[str, Any],
+    scopes: dict[str, str],
 ) -> dict[str, Measured]:
     out = {}
     for name, v in cmp.variants.items():
         m = mem.get(name)
+        scope = scopes[name]
         out[name] = Measured(
             name,
             labels[name],
@@ -180,17 +196,21 @@ def measure_variants(
     memory: bool = True,
     on_round: Callable[[int], None] | None = None,
     batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    whole_step: tuple[str, ...] = (),
 ) -> tuple[dict[str, Measured], Comparison]:
     """Build a Runner per variant and time them interleaved (first variant is the reference).
 
-    With ``batches`` every variant cycles over those in-memory batches: the compute step alone.
+    With ``batches`` every variant cycles over those in-memory batches (the compute step alone), except the
+    variants named in ``whole_step``, which read through their loader (the whole step). Memory is measured for
+    the staged variants only (a loader's worker processes would fork inside the meter).
     """
     plan = plan_rounds(len(variants), step_s, budget_s, memory)
     rounds, min_rt, memory = plan if plan is not None else (3, max(0.05, 0.5 * step_s), False)
     runners: dict[str, Runner] = {}
+    staged = {n for n in variants if batches is not None and n not in whole_step}
     try:
         for name, tricks in variants.items():
-            runners[name] = Runner(w, tricks, batches=batches)
+            runners[name] = Runner(w, tricks, batches=batches if name in staged else None)
         cmp = compare(
             {n: r.step for n, r in runners.items()},
             baseline=next(iter(variants)),
@@ -201,12 +221,16 @@ def measure_variants(
             on_round=on_round,
             before_block=lambda n: runners[n].drain(),
         )
-        mem = {n: peak_memory(r.step, w.device) for n, r in runners.items()} if memory else {}
+        mem = {
+            n: quiet_peak_memory(r.step, w.device)
+            for n, r in runners.items()
+            if memory and (n in staged or batches is None)
+        }
     finally:
         for r in runners.values():
             r.close()
-    scope = "compute" if batches is not None else "step"
-    return _measured(cmp, variants, w.batch_size, mem, scope), cmp
+    scopes = {n: "compute" if n in staged else "step" for n in variants}
+    return _measured(cmp, variants, w.batch_size, mem, scopes), cmp
 
 
 def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tuple[bool, str]:
@@ -251,6 +275,28 @@ def _priority(diag: Diagnosis) -> list[str]:
     return first + [c.name for c in CANDIDATES if c.name not in first]
 
 
+def already_applied(name: str, w: Workload) -> str | None:
+    """Why tune must not recommend ``name``: the workload already has it (None: it does not).
+
+    Advice the user has already followed is noise; the receipt says the setting is in place instead.
+    """
+    from pytorchtricks.tune.runner import loader_workers
+
+    if name == "loader_workers" and w.num_workers >= loader_workers():
+        return (
+            f"already in place: the loop loads with {w.num_workers} worker(s), as many as this machine's "
+            f"{os.cpu_count() or 1} core(s) sensibly allow"
+        )
+    if name == "to_channels_last":
+        convs = [m for m in w.model_factory().modules() if isinstance(m, torch.nn.Conv2d)]
+        if convs and all(
+            m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+            for m in convs
+        ):
+            return "already in place: the model's convolution weights are channels_last"
+    return None
+
+
 def _left(dl: Deadline) -> float:
     """Seconds left for measuring, after keeping time to write the receipt (plots take a few seconds)."""
     reserve = min(REPORT_RESERVE_S, 2.0 + 0.05 * (dl.budget_s or 0.0))
@@ -267,11 +313,9 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     checks_until = dl.elapsed_s + 0.25 * _left(dl)  # correctness checks may use a quarter of what is left
     for name in _priority(diag):
         c = with_catalogue_metadata(by_name(name))
-        reason = why_not(c, w, diag, _left(dl))
+        reason = already_applied(c.name, w) or why_not(c, w, diag, _left(dl))
         if reason is None and dl.elapsed_s > checks_until:
-            reason = (
-                "not tried: the time budget was spent on higher-priority candidates (raise --time-budget)"
-            )
+            reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
         if reason is not None:
             rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
         else:
@@ -287,44 +331,49 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     res.candidates = [rows[c.name] for c in CANDIDATES]  # the receipt lists candidates in catalogue order
     share = 0.5 * _left(dl)
     t_compute = compute_step_s(diag)
-    while to_measure and _group_plans(to_measure, t, t_compute, share) is None:
+    while to_measure and _one_run(to_measure, t, t_compute, share) is None:
         dropped = to_measure.pop()  # lowest priority first
         rows[dropped].status = "skipped"
         rows[
             dropped
-        ].reason = "checked but not measured: the time budget fits fewer configurations (raise --time-budget)"
+        ].reason = f"{DROPPED_FOR_TIME[1]}: the time budget fits fewer configurations (raise --time-budget)"
     if not to_measure:
-        if any(r.status == "skipped" and "time budget" in r.reason for r in rows.values()):
+        if any(r.status == "skipped" and r.reason.startswith(DROPPED_FOR_TIME) for r in rows.values()):
             res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")
         return []
-    plans = _group_plans(to_measure, t, t_compute, share)
-    assert plans is not None
-    total_rounds = sum(p[0][0] for p in plans.values())
-    prog.phase(f"measure {len(to_measure)} candidates ({total_rounds} interleaved rounds)", total_rounds)
+    run = _one_run(to_measure, t, t_compute, share)
+    assert run is not None
+    (rounds, _, _), variants, whole, t_mean = run
+    prog.phase(f"measure {len(to_measure)} candidates ({rounds} interleaved rounds)", rounds)
+    staged = len(whole) < len(variants)
+    got, cmp = measure_variants(
+        w,
+        variants,
+        step_s=t_mean,
+        budget_s=share,
+        memory=staged,
+        on_round=lambda _r: prog.advance(),
+        batches=stage_batches(w) if staged else None,
+        whole_step=whole,
+    )
+    if whole and staged:  # loader settings: paired against the whole-step baseline of the same rounds
+        for name in whole:
+            m = got[name]
+            m.ratio_q1, m.ratio, m.ratio_q3 = paired_ratio(cmp, STEP_BASELINE, name)
+        _check_part_and_whole(cmp, res)
+    base = got.pop("baseline") if staged else got.pop(STEP_BASELINE)
+    res.baseline = base
+    res.step_baseline = got.pop(STEP_BASELINE, None) if staged else base
     meas: dict[str, Measured] = {}
-    for scope, (_, names, t_group, group_share) in plans.items():
-        variants: dict[str, tuple[str, ...]] = {"baseline": ()} | {n: (n,) for n in names}
-        got, _ = measure_variants(
-            w,
-            variants,
-            step_s=t_group,
-            budget_s=group_share,
-            memory=scope == "compute",
-            on_round=lambda _r: prog.advance(),
-            batches=stage_batches(w) if scope == "compute" else None,
-        )
-        base = got.pop("baseline")
-        if scope == "compute" or res.baseline is None:
-            res.baseline = base
-        if scope == "step":
-            res.step_baseline = base
-        for name, m in got.items():
-            cr = rows[name]
-            cr.measured = meas[name] = m
-            ok, why = _wins(m, base, cr.name, goal, cr.exact)
-            if scope == "compute":
-                why += " on the compute step (batches staged in memory)"
-            cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
+    for name, m in got.items():
+        cr = rows[name]
+        cr.measured = meas[name] = m
+        ref = res.step_baseline if m.scope == "step" else base
+        assert ref is not None
+        ok, why = _wins(m, ref, cr.name, goal, cr.exact)
+        if m.scope == "compute":
+            why += " on the compute step (batches staged in memory)"
+        cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
     res.phases_done.append("candidates")
     winners = [n for n in to_measure if rows[n].status == "kept"]
     # best first: biggest measured speed ratio (ties by name, so the order is deterministic)
@@ -336,26 +385,34 @@ def compute_step_s(diag: Diagnosis) -> float:
     return max(diag.step_s - diag.split_s.get("data wait", 0.0), 0.05 * diag.step_s, 1e-4)
 
 
-def _group_plans(
+def _one_run(
     names: list[str], step_s: float, compute_s: float, budget_s: float
-) -> dict[str, tuple[tuple[int, float, bool], list[str], float, float]] | None:
-    """How to measure ``names`` within ``budget_s``: model tricks on the compute step (scope "compute"), loader
-    settings on the whole step (scope "step"), each group against its own baseline. The budget is split by each
-    group's cost; None when a group does not fit."""
-    groups = {
-        "compute": ([n for n in names if n not in DATA_TRICKS], compute_s),
-        "step": ([n for n in names if n in DATA_TRICKS], step_s),
-    }
-    cost = {k: (1 + len(ns)) * ts for k, (ns, ts) in groups.items() if ns}
-    out = {}
-    for scope, c in cost.items():
-        ns, ts = groups[scope]
-        share = budget_s * c / sum(cost.values())
-        plan = plan_rounds(1 + len(ns), ts, share, memory=scope == "compute")
-        if plan is None:
-            return None
-        out[scope] = (plan, ns, ts, share)
-    return out
+) -> tuple[tuple[int, float, bool], dict[str, tuple[str, ...]], tuple[str, ...], float] | None:
+    """How to measure ``names`` in one interleaved run within ``budget_s``: model tricks on the compute step
+    against ``baseline`` (batches staged), loader settings on the whole step against ``STEP_BASELINE``, all in
+    the same rounds. Returns (plan, variants, the whole-step variants, mean seconds per call), or None."""
+    model = [n for n in names if n not in DATA_TRICKS]
+    data = [n for n in names if n in DATA_TRICKS]
+    variants: dict[str, tuple[str, ...]] = {}
+    if model:
+        variants |= {"baseline": ()} | {n: (n,) for n in model}
+    whole: tuple[str, ...] = (STEP_BASELINE, *data) if data else ()
+    variants |= {n: (() if n == STEP_BASELINE else (n,)) for n in whole}
+    t_mean = ((1 + len(model)) * compute_s * bool(model) + len(whole) * step_s) / len(variants)
+    plan = plan_rounds(len(variants), t_mean, budget_s, memory=bool(model))
+    return None if plan is None else (plan, variants, whole, t_mean)
+
+
+def _check_part_and_whole(cmp: Comparison, res: TuneResult) -> None:
+    """The compute step is part of the whole step: in the same rounds it must not be slower. When it is (a
+    machine too busy for stable timings), say so - the ratios are then less certain than their IQR suggests."""
+    q1, med, q3 = paired_ratio(cmp, STEP_BASELINE, "baseline")  # > 1: the compute step is faster
+    if q3 < 1.0:
+        res.notes.append(
+            f"in the same rounds the compute step alone ran {1 / med:.2f}x slower than the whole step it is part "
+            f"of (IQR {q1:.2f}-{q3:.2f}): the machine's speed varied during the run (other processes?); rerun on "
+            "a quieter machine to trust small ratios"
+        )
 
 
 def _verify_cost_share(dl: Deadline) -> float:
@@ -496,6 +553,7 @@ def run_tune(
         raise PttError(f"--time-budget must be positive seconds, not {budget}.")
     prog = progress or Progress()
     dl = deadline or Deadline(budget)
+    import_cpp_extension_quietly()  # torch.utils.benchmark's import warns about CUDA_HOME on a driverless box
     res = TuneResult(workload=describe(w), env=environment(w.device), goal=goal, budget_s=budget)
     res.notes.extend(w.notes)
     try:
@@ -535,8 +593,6 @@ def _seeded(seed: int) -> Any:
 
 
 def describe(w: Workload) -> dict[str, Any]:
-    import os
-
     try:
         load: float | None = round(os.getloadavg()[0], 2)
     except OSError:
@@ -548,6 +604,8 @@ def describe(w: Workload) -> dict[str, Any]:
         "data": w.data_desc,
         "batch_size": w.batch_size,
         "input_size": w.input_size,
+        "input_shape": list(w.input_shape),  # one sample's C, H, W
+        "num_workers": w.num_workers,  # the loader workers the user's loop already uses (the baseline's)
         "for": w.for_,
         "device": str(w.device),
         "num_outputs": w.num_outputs,
@@ -561,6 +619,8 @@ def tune_model(
     *,
     batch_size: int | None = None,
     input_size: int | None = None,
+    input_shape: str | tuple[int, ...] | None = None,
+    num_workers: int = 0,
     goal: str = "speed",
     for_: str = "train",
     time_budget_s: float | None = None,
@@ -572,10 +632,15 @@ def tune_model(
 
     MODEL: ``torchvision:NAME``, ``package.module:factory`` or ``path.py:factory`` (default: a ResNet-18 on the
     built-in image set); DATA: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for the built-in set. Bad input raises
-    ``PttError`` before anything is written; the folder ``out`` is replaced atomically.
+    ``PttError`` before anything is written; the folder ``out`` is replaced atomically. ``input_shape`` is one
+    sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
+    user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
     """
     dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))
-    w = build_workload(model, data, batch_size=batch_size, input_size=input_size, for_=for_, device=device)
+    w = build_workload(
+        model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
+        num_workers=num_workers, for_=for_, device=device,
+    )  # fmt: skip
     res = run_tune(w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl)
     if out is not None:
         from pytorchtricks.tune.receipt import write_receipt

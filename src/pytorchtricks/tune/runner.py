@@ -24,6 +24,15 @@ from pytorchtricks.tune.workload import Workload
 # ImageNet statistics: inputs are normalised on the fly from uint8, as a real loop would.
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+
+
+def norm_stats(channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) of shape (1, C, 1, 1) in uint8 units: ImageNet's for RGB, their channel average otherwise."""
+    if channels == 3:
+        return MEAN, STD
+    return MEAN.mean().expand(1, channels, 1, 1), STD.mean().expand(1, channels, 1, 1)
+
+
 LR, MOMENTUM = 0.01, 0.9
 LOADER_WORKERS = 2
 PREFETCH_FACTOR = 2
@@ -87,7 +96,7 @@ class Runner:
         self.train = w.for_ == "train"
         dev = w.device
         torch.manual_seed(seed)
-        self._mean, self._std = MEAN.to(dev), STD.to(dev)
+        self._mean, self._std = (t.to(dev) for t in norm_stats(w.channels))
         self.channels_last = "to_channels_last" in tricks
         model = w.model_factory()
         on = set(self.tricks)
@@ -117,7 +126,8 @@ class Runner:
             self.forward = _need("compile_")(model, for_inference=not self.train)
         # process-wide switches are entered around every step, so interleaved variants do not leak into each other
         self.switches = [_need(n) for n in ("enable_cudnn_benchmark", "enable_tf32") if n in on]
-        self.num_workers = loader_workers() if "loader_workers" in on else 0
+        # the baseline loads as the user's loop does (w.num_workers); the trick raises it to loader_workers()
+        self.num_workers = max(w.num_workers, loader_workers()) if "loader_workers" in on else w.num_workers
         pin = "pin_memory" in on
         self._staged = batches  # batches held in memory: the step without its loader (the compute step)
         self._loader = (

@@ -4,6 +4,10 @@
 (or the built-in ResNet-18), DATA an image folder (``root/<class>/<image>``, or a flat folder of images),
 a ``ptt pack`` folder, ``synthetic`` (deterministic random images) or nothing (the built-in wallpaper set, see ``default_image_folder``).
 Every failure raises ``PttError`` with one paragraph that names the problem and the fix, before anything is written.
+
+The input shape is the user's whole shape, channels included: ``--input-shape 1,28,28`` (C,H,W) for an MNIST-style
+model; without it the channels come from the model (its first convolution's ``in_channels``) and the side from
+``--input-size`` (default 64).
 """
 
 from __future__ import annotations
@@ -32,19 +36,46 @@ WALLPAPER_DIRS = ("/usr/share/backgrounds", "/usr/share/wallpapers")
 DEFAULT_CLASSES = 10
 DEFAULT_TILES_PER_CLASS = 32
 DEFAULT_TILE_PX = 96
+# PIL modes by channel count: images are decoded straight to the channels the model takes
+PIL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+Size = int | tuple[int, int]  # a side, or (height, width)
+
+
+def size_hw(size: Size) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def pil_mode(channels: int) -> str:
+    if channels not in PIL_MODES:
+        raise PttError(
+            f"images cannot be decoded to {channels} channels (only 1, 2, 3 or 4); pass --input-shape with the "
+            "channels your model takes, or --data synthetic for generated inputs of any channel count."
+        )
+    return PIL_MODES[channels]
 
 
 # ----------------------------------------------------------------------------------------------- datasets
 
 
-def _decode(path: str, size: int) -> torch.Tensor:
-    """Decode an image file to a uint8 CHW tensor of ``size`` x ``size`` (JPEG decoded at reduced DCT scale)."""
+def _decode(path: str, size: Size, channels: int = 3) -> torch.Tensor:
+    """Decode an image file to a uint8 CHW tensor of ``size`` (side, or (H, W)) with ``channels`` channels
+    (JPEG decoded at reduced DCT scale)."""
     from PIL import Image
 
+    h, w = size_hw(size)
+    mode = pil_mode(channels)
     with Image.open(path) as f:
-        f.draft("RGB", (size, size))  # JPEG: decode at 1/2, 1/4 or 1/8 scale when that still covers `size`
-        im = f.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-        arr = np.asarray(im, dtype=np.uint8)
+        f.draft(
+            mode if mode in ("L", "RGB") else "RGB", (w, h)
+        )  # JPEG: decode at 1/2..1/8 scale when it covers
+        im = f.convert(mode).resize((w, h), Image.Resampling.BILINEAR)
+    return _chw(im)
+
+
+def _chw(im: Any) -> torch.Tensor:
+    """A PIL image as a contiguous uint8 CHW tensor (gray images get their channel axis)."""
+    arr = np.asarray(im, dtype=np.uint8)
+    arr = arr[:, :, None] if arr.ndim == 2 else arr
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
@@ -54,7 +85,8 @@ class ImageFolderData(torch.utils.data.Dataset):
     Paths are kept in one numpy array (not a Python list) so forked DataLoader workers do not copy pages.
     """
 
-    def __init__(self, root: str, size: int) -> None:
+    def __init__(self, root: str, size: Size, channels: int = 3) -> None:
+        pil_mode(channels)
         if not os.path.isdir(root):
             raise PttError(
                 f"the data folder {root!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
@@ -78,6 +110,7 @@ class ImageFolderData(torch.utils.data.Dataset):
             )
         self.root = root
         self.size = size
+        self.channels = channels
         self.classes = [c for c, _ in groups]
         self._paths = np.array([p.encode() for p in paths])
         self.labels = np.asarray(labels, dtype=np.int64)
@@ -89,18 +122,20 @@ class ImageFolderData(torch.utils.data.Dataset):
         return self._paths[i].decode()
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return _decode(self.path(i), self.size), int(self.labels[i])
+        return _decode(self.path(i), self.size, self.channels), int(self.labels[i])
 
 
 class ShardImages(torch.utils.data.Dataset):
     """A ``ptt pack`` folder (ptt or lmdb format) read with ``ShardDataset``: ``(uint8 CHW, label)`` at ``size``."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: Size, channels: int = 3) -> None:
         from pytorchtricks.shards.dataset import ShardDataset
 
+        pil_mode(channels)
         self.shards = ShardDataset(path)
         self.source = path
         self.size = size
+        self.channels = channels
         self.classes = list(self.shards.classes) or ["images"]
         if len(self.shards) == 0:
             raise PttError(
@@ -114,12 +149,10 @@ class ShardImages(torch.utils.data.Dataset):
         from PIL import Image
 
         img, label, _ = self.shards[i]
-        im = Image.fromarray(np.asarray(img, dtype=np.uint8)).resize(
-            (self.size, self.size), Image.Resampling.BILINEAR
-        )
-        return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous(), int(
-            label
-        )
+        h, w = size_hw(self.size)
+        im = Image.fromarray(np.asarray(img, dtype=np.uint8))
+        im = im if im.mode == pil_mode(self.channels) else im.convert(pil_mode(self.channels))
+        return _chw(im.resize((w, h), Image.Resampling.BILINEAR)), int(label)
 
 
 def _is_pack(path: str) -> bool:
@@ -129,8 +162,8 @@ def _is_pack(path: str) -> bool:
 class SyntheticImages(torch.utils.data.Dataset):
     """Deterministic random uint8 images: item ``i`` is the same on every run and in every worker."""
 
-    def __init__(self, n: int, size: int, num_classes: int = 10, seed: int = 0) -> None:
-        self.n, self.size, self.seed = n, size, seed
+    def __init__(self, n: int, size: Size, num_classes: int = 10, seed: int = 0, channels: int = 3) -> None:
+        self.n, self.size, self.seed, self.channels = n, size, seed, channels
         self.classes = [f"class{k}" for k in range(num_classes)]
 
     def __len__(self) -> int:
@@ -138,7 +171,7 @@ class SyntheticImages(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        img = torch.randint(0, 256, (3, self.size, self.size), generator=g, dtype=torch.uint8)
+        img = torch.randint(0, 256, (self.channels, *size_hw(self.size)), generator=g, dtype=torch.uint8)
         return img, i % len(self.classes)
 
 
@@ -257,20 +290,65 @@ class Workload:
     data_desc: str
     num_outputs: int
     batch_size: int
-    input_size: int
+    input_size: int  # the image side in pixels (its height when ``width`` differs)
     for_: str  # "train" or "infer"
     device: torch.device
     notes: list[str] = field(default_factory=list)
+    channels: int = 3  # input channels the model takes (1: gray, 3: RGB)
+    width: int | None = None  # the image width when it differs from ``input_size`` (None: square)
+    num_workers: int = 0  # loader worker processes the user's loop already uses: the baseline's
 
     @property
     def num_classes(self) -> int:
         return len(getattr(self.dataset, "classes", [])) or self.num_outputs
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one sample, as the model takes it."""
+        return self.channels, self.input_size, self.width or self.input_size
+
+    def shape_text(self) -> str:
+        """``"1x28x28"``: one sample's shape for receipts and messages."""
+        return "x".join(map(str, self.input_shape))
 
     def example_batch(self, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``n`` (default: batch size) samples, collated: uint8 NCHW images and int64 labels."""
         n = min(n or self.batch_size, len(self.dataset))  # type: ignore[arg-type]
         items = [self.dataset[i] for i in range(n)]
         return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.int64)
+
+
+def model_in_channels(model: nn.Module) -> int | None:
+    """The channels the model takes: its first convolution's ``in_channels`` (None without a convolution).
+
+    Example:
+        >>> model_in_channels(nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3)))
+        1
+    """
+    first = next((m for m in model.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)), None)
+    return int(first.in_channels) if first is not None else None
+
+
+def parse_input_shape(shape: str | tuple[int, ...]) -> tuple[int | None, int, int, int]:
+    """``--input-shape``: C,H,W (``1,28,28``) or N,C,H,W (the batch too) -> (batch or None, C, H, W).
+
+    Example:
+        >>> parse_input_shape("1,28,28"), parse_input_shape((16, 3, 32, 48))
+        ((None, 1, 28, 28), (16, 3, 32, 48))
+    """
+    if isinstance(shape, str):
+        from pytorchtricks.bench.workloads import parse_shape
+
+        shape = parse_shape(shape)
+    dims = tuple(int(d) for d in shape)
+    if len(dims) == 3 and all(d > 0 for d in dims):
+        return None, dims[0], dims[1], dims[2]
+    if len(dims) == 4 and all(d > 0 for d in dims):
+        return dims[0], dims[1], dims[2], dims[3]
+    raise PttError(
+        f"--input-shape {','.join(map(str, dims))} is not an image shape; write one sample's C,H,W (e.g. 1,28,28 "
+        "for MNIST, 3,224,224 for ImageNet) or N,C,H,W with the batch first."
+    )
 
 
 def _load_model_or_explain(spec: str) -> nn.Module:
@@ -285,17 +363,20 @@ def _load_model_or_explain(spec: str) -> nn.Module:
         ) from exc
 
 
-def _probe(model: nn.Module, batch: torch.Tensor, spec: str, size: int, device: torch.device) -> int:
-    """Run one forward on the real input size; return the output width (classes), or explain the failure."""
+def _probe(model: nn.Module, batch: torch.Tensor, spec: str, given: str, device: torch.device) -> int:
+    """Run one forward on the real input shape; return the output width (classes), or explain the failure.
+
+    ``given`` says where the shape came from (``--input-shape 1,28,28``, or the defaults), for the message.
+    """
     try:
         with torch.no_grad():
             out = model.to(device).eval()(batch.to(device).float() / 255)
     except Exception as exc:
         raise PttError(
-            f"the model {spec} fails on inputs of shape {tuple(batch.shape)} (--input-size {size}): "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Pass the input size the model "
-            "was built for with --input-size (e.g. 224 for ImageNet models, 28 for MNIST-style ones), or fix the "
-            "model's forward so it accepts this size."
+            f"the model {spec} fails on inputs of shape {tuple(batch.shape)} ({given}): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Pass the shape the model was "
+            "built for with --input-shape C,H,W (e.g. 1,28,28 for MNIST-style models, 3,224,224 for ImageNet ones) "
+            "or just the side with --input-size, or fix the model's forward so it accepts this shape."
         ) from exc
     finally:
         model.train()
@@ -310,17 +391,73 @@ def _probe(model: nn.Module, batch: torch.Tensor, spec: str, size: int, device: 
     return int(out.shape[1])
 
 
+def _resolve_shape(
+    base: nn.Module, input_shape: str | tuple[int, ...] | None, input_size: int | None, batch_size: int | None
+) -> tuple[int, int, int, int, str]:
+    """(batch, C, H, W, where the shape came from) from the options, the model and the defaults."""
+    n, c, h, w = parse_input_shape(input_shape) if input_shape is not None else (None, None, None, None)
+    if input_size is not None and h is not None and (h, w) != (input_size, input_size):
+        raise PttError(
+            f"--input-size {input_size} disagrees with --input-shape {input_shape}; give one of them (--input-shape "
+            "C,H,W is the whole shape)."
+        )
+    if n is not None and batch_size is not None and n != batch_size:
+        raise PttError(
+            f"--batch-size {batch_size} disagrees with the batch {n} in --input-shape {input_shape}; give the batch "
+            "once (--input-shape C,H,W takes one sample's shape)."
+        )
+    side = input_size or DEFAULT_INPUT_SIZE
+    from_model = model_in_channels(base)
+    c = c or from_model or 3
+    h, w = h or side, w or side
+    bs = n or batch_size or DEFAULT_BATCH_SIZE
+    if min(h, w) < 8 or bs < 1:
+        raise PttError(
+            f"images must be at least 8 px on each side and the batch >= 1 (got {h}x{w} and batch {bs}); fix "
+            "--input-shape / --input-size / --batch-size."
+        )
+    if input_shape is not None:
+        given = f"--input-shape {input_shape if isinstance(input_shape, str) else ','.join(map(str, input_shape))}"
+    else:
+        where = "the model's first convolution" if from_model else "the default, the model has no convolution"
+        given = f"{c} channels from {where}, {h} px from " + ("--input-size" if input_size else "the default")
+    return bs, c, h, w, given
+
+
+def _dataset(data: str | None, size: tuple[int, int], channels: int, bs: int) -> tuple[Any, str]:
+    h, w = size
+    px = f"{h} px" if h == w else f"{h}x{w} px"
+    px += "" if channels == 3 else f", {channels} channel(s)"
+    if data is None:
+        folder, desc = default_image_folder()
+        return ImageFolderData(folder, size, channels), f"built-in: {desc}, decoded and resized to {px}"
+    if data == "synthetic":
+        ds: Any = SyntheticImages(max(8 * bs, 64), size, channels=channels)
+        return ds, f"synthetic: {len(ds)} deterministic random uint8 images, {px}"
+    if _is_pack(data):
+        ds = ShardImages(data, size, channels)
+        return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}"
+    ds = ImageFolderData(data, size, channels)
+    return ds, f"image folder {data}: {len(ds)} images in {len(ds.classes)} classes, {px}"
+
+
 def build_workload(
     model: str | None = None,
     data: str | None = None,
     *,
     batch_size: int | None = None,
     input_size: int | None = None,
+    input_shape: str | tuple[int, ...] | None = None,
+    num_workers: int = 0,
     for_: str = "train",
     device: str | None = "cpu",
     seed: int = 0,
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
+
+    ``input_shape`` is one sample's C,H,W (or N,C,H,W); without it the channels are the model's (its first
+    convolution's ``in_channels``) and the side ``input_size`` (default 64). ``num_workers`` is the loader
+    workers the user's loop already uses: the baseline loads with them, and tune does not recommend them again.
 
     Example:
         >>> build_workload("torch.nn:Identity", "synthetic", batch_size=2, input_size=8)
@@ -331,45 +468,30 @@ def build_workload(
     if for_ not in ("train", "infer", "inference"):
         raise PttError(f"--for must be train or inference, not {for_!r}.")
     for_ = "infer" if for_ == "inference" else for_
+    if num_workers < 0:
+        raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
     dev = resolve_device(device)
-    size = input_size or DEFAULT_INPUT_SIZE
-    bs = batch_size or DEFAULT_BATCH_SIZE
-    if size < 8 or bs < 1:
-        raise PttError(f"--input-size must be >= 8 and --batch-size >= 1 (got {size} and {bs}).")
-    notes: list[str] = []
-    dataset: Any
-    if data is None:
-        folder, desc = default_image_folder()
-        dataset = ImageFolderData(folder, size)
-        data_desc = f"built-in: {desc}, decoded and resized to {size} px"
-    elif data == "synthetic":
-        dataset = SyntheticImages(max(8 * bs, 64), size)
-        data_desc = f"synthetic: {len(dataset)} deterministic random uint8 images, {size} px"
-    elif _is_pack(data):
-        dataset = ShardImages(data, size)
-        data_desc = f"ptt pack {data}: {len(dataset)} images in {len(dataset.classes)} classes, {size} px"
-    else:
-        dataset = ImageFolderData(data, size)
-        data_desc = f"image folder {data}: {len(dataset)} images in {len(dataset.classes)} classes, {size} px"
-    if len(dataset) < bs:
-        notes.append(
-            f"the dataset has {len(dataset)} images, fewer than one batch of {bs}; batches repeat images"
-        )
     spec = model or DEFAULT_MODEL
     require("PIL", "data", package="pillow")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if model is None:
-            base = _load_model_or_explain(f"{DEFAULT_MODEL}")
-            n_cls = len(dataset.classes)
-            base.fc = nn.Linear(
+        base = _load_model_or_explain(spec)
+    bs, channels, h, w, given = _resolve_shape(base, input_shape, input_size, batch_size)
+    dataset, data_desc = _dataset(data, (h, w), channels, bs)
+    notes: list[str] = []
+    if len(dataset) < bs:
+        notes.append(
+            f"the dataset has {len(dataset)} images, fewer than one batch of {bs}; batches repeat images"
+        )
+    if model is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            base.fc = nn.Linear(  # torchvision ResNet-18, weights=None, our classes
                 int(base.fc.in_features),  # type: ignore[union-attr,arg-type]
-                n_cls,
-            )  # torchvision ResNet-18, weights=None, our classes
-        else:
-            base = _load_model_or_explain(spec)
+                len(dataset.classes),
+            )
     probe_x = torch.stack([dataset[i % len(dataset)][0] for i in range(min(2, bs))])
-    n_out = _probe(base, probe_x, spec, size, dev)
+    n_out = _probe(base, probe_x, spec, given, dev)
     base = base.cpu()
     if n_out < len(getattr(dataset, "classes", [])):
         notes.append(
@@ -380,4 +502,7 @@ def build_workload(
     def factory() -> nn.Module:
         return copy.deepcopy(state)
 
-    return Workload(spec, factory, dataset, data_desc, n_out, bs, size, for_, dev, notes)
+    return Workload(
+        spec, factory, dataset, data_desc, n_out, bs, h, for_, dev, notes,
+        channels=channels, width=None if w == h else w, num_workers=num_workers,
+    )  # fmt: skip
