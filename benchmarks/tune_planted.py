@@ -36,18 +36,19 @@ def planted() -> nn.Module:
     )
 
 
-def png_photos(root: str, classes: int = 4, per_class: int = 24, px: int = 384) -> str:
-    """Real-photo tiles (the built-in wallpaper set's recipe) re-saved as PNG: no reduced-scale decode possible."""
+def png_photos(root: str, classes: int = 4, per_class: int = 24) -> str:
+    """Real photos (``shards.photoset``, 512-1024 px) re-saved as PNG: no reduced-scale decode possible."""
     from PIL import Image
 
-    from pytorchtricks.tune.workload import default_image_folder
+    from pytorchtricks.shards.photoset import build_photo_set
 
-    src, _ = default_image_folder(
-        classes=classes, per_class=per_class, px=px, root=os.path.join(root, "jpeg")
-    )
+    src = os.path.join(root, "jpeg")
+    build_photo_set(src, classes * per_class, max_sources=classes)
     out = os.path.join(root, "png")
     for cls in sorted(os.listdir(src)):
         os.makedirs(os.path.join(out, cls), exist_ok=True)
+        if not os.path.isdir(os.path.join(src, cls)):
+            continue
         for f in sorted(os.listdir(os.path.join(src, cls))):
             with Image.open(os.path.join(src, cls, f)) as im:
                 im.save(os.path.join(out, cls, f.replace(".jpg", ".png")))

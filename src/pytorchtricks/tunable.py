@@ -141,7 +141,7 @@ class TuneHook:
         cost: ``free``, ``cache`` (a one-time build in RAM), ``repack`` (a one-time rewrite of the data) or
             ``compile`` (minutes of compilation).
         order: where the hook runs when several apply (lower first): model rewrites 10-40, optimizer 50,
-            precision 60, step wrappers 70-80, data 100+.
+            precision 60, step wrappers 70-80, data 100+ (what replaces the dataset before what builds the loader).
         fixes: the diagnosis finding it removes (kept when not measurably slower), e.g. ``"PTL001"``.
         requires: tricks that must be in the same configuration (``cache_in_ram`` needs ``make_loader``).
         bound: the named error bound of an approximate or data check, said in the receipt.

@@ -14,8 +14,9 @@ import torch
 import pytorchtricks.tune.receipt as receipt
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.tune.diagnose import diagnose
-from pytorchtricks.tune.engine import DATA_TRICKS, Progress, tune_model
-from pytorchtricks.tune.runner import Runner, make_loader, stage_batches
+from pytorchtricks.tune.engine import Progress, tune_model
+from pytorchtricks.tune.hooks import by_name
+from pytorchtricks.tune.runner import Runner, stage_batches
 from pytorchtricks.tune.workload import build_workload
 
 
@@ -39,7 +40,7 @@ def test_reduced_tune_end_to_end(tmp_path, models_file):
     assert all(r["status"] in ("kept", "rejected", "skipped", "failed") for r in cands)
     for r in cands:  # every measured candidate passed its check first and carries its spread
         if r["measured"]:  # loader settings timed on the whole step, model tricks on the compute step
-            assert r["measured"]["scope"] == ("step" if r["name"] in DATA_TRICKS else "compute")
+            assert r["measured"]["scope"] == by_name(r["name"]).scope
             assert (
                 r["check"]["passed"]
                 and r["measured"]["ratio_q1"] <= r["measured"]["ratio"] <= r["measured"]["ratio_q3"]
@@ -97,7 +98,8 @@ def test_staged_runner_cycles_its_batches_without_a_loader(models_file):
         assert r._loader is None
         got = [r.next_batch() for _ in range(5)]
         assert [g is staged[i % 2] for i, g in enumerate(got)] == [True] * 5
-        assert torch.equal(staged[0][0], next(iter(make_loader(w, 0)))[0])  # the loader's first batch
+        again = stage_batches(w, 1)  # the user's pipeline, read in-process: the same first batch every time
+        assert torch.equal(staged[0][0], again[0][0])
         r.step()
     finally:
         r.close()
@@ -162,34 +164,16 @@ def test_findings_describe_the_workload_not_the_lint_probe(models_file):
         assert all(f"at batch {batch}" in line for line in diag.memory.get("top_modules", []))
 
 
-def test_tune_does_not_recommend_what_the_workload_already_has(models_file):
-    from pytorchtricks.tune.engine import already_applied
-    from pytorchtricks.tune.runner import loader_workers
-
-    w = build_workload(
-        f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, num_workers=loader_workers()
-    )
-    assert "already in place" in str(already_applied("loader_workers", w))
-    assert (
-        Runner(w, (), loader=False).num_workers == loader_workers()
-    )  # the baseline loads as the user's loop
-    fresh = build_workload(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16)
-    assert (
-        already_applied("loader_workers", fresh) is None
-        and already_applied("to_channels_last", fresh) is None
-    )
-
-
 def test_one_interleaved_run_holds_both_baselines():
     from pytorchtricks.tune.engine import STEP_BASELINE, _one_run
 
-    run = _one_run(["to_channels_last", "loader_workers"], step_s=0.02, compute_s=0.01, budget_s=20)
+    run = _one_run(["to_channels_last", "make_loader"], step_s=0.02, compute_s=0.01, budget_s=20)
     assert run is not None
     _, variants, whole, _ = run
-    assert list(variants) == ["baseline", "to_channels_last", STEP_BASELINE, "loader_workers"]
-    assert whole == (STEP_BASELINE, "loader_workers")  # read through the loader; the rest staged
-    only_loader = _one_run(["loader_workers"], step_s=0.02, compute_s=0.01, budget_s=20)
-    assert only_loader is not None and list(only_loader[1]) == [STEP_BASELINE, "loader_workers"]
+    assert list(variants) == ["baseline", "to_channels_last", STEP_BASELINE, "make_loader"]
+    assert whole == (STEP_BASELINE, "make_loader")  # read through the loader; the rest staged
+    only_loader = _one_run(["make_loader"], step_s=0.02, compute_s=0.01, budget_s=20)
+    assert only_loader is not None and list(only_loader[1]) == [STEP_BASELINE, "make_loader"]
 
 
 def test_apply_keeps_the_users_loader_and_gives_no_bf16_advice_it_did_not_measure():

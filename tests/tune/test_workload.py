@@ -11,19 +11,25 @@ import torch
 from pytorchtricks.cli import main
 from pytorchtricks.core import PttError
 from pytorchtricks.tune.engine import tune_model
-from pytorchtricks.tune.workload import (
-    ImageFolderData,
-    SyntheticImages,
-    build_workload,
-    default_image_folder,
-)
+from pytorchtricks.tune.workload import SyntheticImages, build_workload, default_image_folder
 
 
-def test_folder_dataset_yields_uint8_chw_and_labels(jpeg_folder):
-    ds = ImageFolderData(jpeg_folder, 24)
-    x, y = ds[len(ds) - 1]
-    assert x.dtype == torch.uint8 and x.shape == (3, 24, 24)
-    assert (len(ds), ds.classes, y) == (24, ["c0", "c1"], 1)
+def test_folder_workload_reads_through_the_library(models_file, jpeg_folder):
+    """One data road: the workload's dataset is ptt's JpegFolder; its example batch comes from make_loader."""
+    from pytorchtricks.tricks.data._folder import JpegFolder
+
+    w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=24)
+    assert isinstance(w.dataset, JpegFolder) and w.data_kind == "files" and w.source == jpeg_folder
+    x, y = w.example_batch()
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, 24, 24) and y.tolist() == w.labels[:4].tolist()
+    assert len(w.files) == len(w.dataset) == 24 and w.dataset.classes == ["c0", "c1"]
+
+
+def test_imagenet_style_root_trains_on_its_train_split(tmp_path, models_file, jpegs):
+    jpegs(str(tmp_path / "root" / "train"), classes=2, per_class=6, px=32)
+    jpegs(str(tmp_path / "root" / "val"), classes=2, per_class=2, px=32)
+    w = build_workload(f"{models_file}:tiny", str(tmp_path / "root"), batch_size=4, input_size=16)
+    assert w.dataset.classes == ["c0", "c1"] and len(w.dataset) == 12 and "train split" in w.data_desc
 
 
 def test_synthetic_is_deterministic():
@@ -31,18 +37,19 @@ def test_synthetic_is_deterministic():
     assert torch.equal(a[3][0], b[3][0]) and not torch.equal(a[3][0], a[4][0])
 
 
-def test_default_image_folder_is_built_once_and_atomically(tmp_path):
-    folder, desc = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path))
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs)
-    assert len(files) == 6 and all(f.endswith(".jpg") for f in files)
-    assert "JPEG" in desc
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]  # no half-built folder left
-    again, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path))
-    assert again == folder
-    other, _ = default_image_folder(classes=2, per_class=3, px=32, root=str(tmp_path / "b"))
-    first = [Path(f).read_bytes() for f in files]
-    second = sorted(os.path.join(d, f) for d, _, fs in os.walk(other) for f in fs)
-    assert first == [Path(f).read_bytes() for f in second]  # deterministic bytes
+@pytest.mark.slow
+def test_default_image_folder_is_high_resolution_and_cached(tmp_path):
+    from PIL import Image
+
+    folder, desc = default_image_folder(count=6, root=str(tmp_path))
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if f.endswith(".jpg"))
+    assert len(files) == 6 and "MP" in desc
+    assert all(Image.open(f).size[0] * Image.open(f).size[1] >= 2e6 for f in files)  # >= 2 MP each
+    again, _ = default_image_folder(count=6, root=str(tmp_path))
+    assert again == folder and [Path(f).read_bytes() for f in files] == [
+        Path(f).read_bytes()
+        for f in sorted(os.path.join(d, f) for d, _, fs in os.walk(again) for f in fs if f.endswith(".jpg"))
+    ]
 
 
 def test_workload_from_file_factory(models_file, jpeg_folder):

@@ -3,8 +3,9 @@
 Two measurements. (1) One process builds ``batches`` batches exactly as ``make_loader`` does, with a stopwatch around
 each stage; the stages are timed separately from an outer clock around the whole loop, so their sum can be checked
 against the measured total (it covers >= 90% of it: the rest is loop overhead). (2) The real loader with its
-workers runs while the caller's step is simulated by a pause of ``step_time_s``; the time the loop blocks in
-``next()`` is the wait-for-data. Input-bound when that wait exceeds 10% of the step.
+workers runs beside the caller's step - the real one (``step=``, a callable: on a CPU the workers then compete with
+the training threads for the cores, as in the user's job) or a pause of ``step_time_s`` standing in for GPU work;
+the time the loop blocks in ``next()`` is the wait-for-data. Input-bound when that wait exceeds 10% of the step.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _serial(
 
 
 def _loader_times(
-    loader: Any, batches: int, step_time_s: float | None, prefetched: int = 0
+    loader: Any, batches: int, step_time_s: float | None, prefetched: int = 0, step: Any = None
 ) -> tuple[float, float | None]:
     """(seconds per batch with nothing else running, wait per batch beside a step of ``step_time_s``).
 
@@ -163,7 +164,12 @@ def _loader_times(
     wait = 0.0
     m = 0
     for _ in range(batches):
-        time.sleep(step_time_s)  # stands in for the caller's step (GPU work leaves the CPU to the workers)
+        if step is not None:
+            step()  # the real step: its threads and the loader's workers share the cores
+        else:
+            time.sleep(
+                step_time_s
+            )  # stands in for the caller's step (GPU work leaves the CPU to the workers)
         t1 = now_s()
         try:
             next(it)
@@ -183,8 +189,12 @@ def doctor_data(
     num_workers: int | None = None,
     step_time_s: float | None = None,
     device: str | torch.device | None = "cpu",
+    step: Any = None,
 ) -> DataReport:
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
+
+    ``step``: the caller's training step as a callable (one batch's work, data staged): it runs beside the loader,
+    so the wait includes the cores the step takes from the workers; ``step_time_s`` is then measured from it.
 
     Example:
         >>> ds = [(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 0) for _ in range(20)]
@@ -203,10 +213,15 @@ def doctor_data(
             "Lower batch_size or batches."
         )
     dev = resolve_device(device)
+    if step is not None:  # the step's own time, alone: what the wait is judged against
+        step()
+        t0 = now_s()
+        step()
+        step_time_s = now_s() - t0
     stages, total = _serial(dataset, batch_size, batches, crop, dev)
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
-    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers)  # prefetch_factor 2
+    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step)
     worst = max(stages, key=lambda k: stages[k])
     notes = []
     if step_time_s is None:

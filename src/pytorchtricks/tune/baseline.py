@@ -27,12 +27,13 @@ DEFAULT_WORKERS = 2
 def user_loader(
     root: str,
     batch_size: int,
-    size: int,
+    size: int | tuple[int, int],
     *,
     num_workers: int = DEFAULT_WORKERS,
     train: bool = True,
     seed: int = 0,
     channels: int = 3,
+    persistent: bool = True,
 ) -> torch.utils.data.DataLoader[Any]:
     """The torchvision ImageFolder + PIL pipeline over ``root`` at ``size`` px, as a user's script builds it."""
     datasets = require("torchvision.datasets", "data", package="torchvision")
@@ -46,13 +47,14 @@ def user_loader(
     if train:
         steps = [tf.RandomResizedCrop(size), tf.RandomHorizontalFlip()]
     else:
-        steps = [tf.Resize(round(size / 0.875)), tf.CenterCrop(size)]
+        side = min(size) if isinstance(size, tuple) else size
+        steps = [tf.Resize(round(side / 0.875)), tf.CenterCrop(size)]
     transform = tf.Compose([*gray, *steps, tf.ToTensor(), tf.Normalize(mean, std)])
     ds = datasets.ImageFolder(root, transform=transform)
     g = torch.Generator().manual_seed(seed)
     kwargs: dict[str, Any] = {}
     if num_workers > 0:
-        kwargs.update(persistent_workers=True, worker_init_fn=seed_worker)
+        kwargs.update(persistent_workers=persistent, worker_init_fn=seed_worker)
     return torch.utils.data.DataLoader(
         ds,
         batch_size=batch_size,

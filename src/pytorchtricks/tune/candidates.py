@@ -1,24 +1,24 @@
-"""The tricks ``tune`` can try, when each applies, and how each is checked for correctness.
+"""The tricks ``tune`` can try: the catalogue's trick modules that declare a ``TUNE`` hook, and their checks.
 
-A candidate names a catalogue trick (or a plain DataLoader setting) and the ``ptt`` function it needs. Its
-metadata (exact or not, what it gains) comes from the trick's ``TRICK`` when this build has the module. ``why_not``
-says why a candidate cannot help on this workload; ``check`` proves a candidate keeps the results right: exact
-tricks by output, gradient and updated-parameter equality on the same batch, approximate ones by loss parity over
-a few training steps and the SQNR of the outputs, loader settings by yielding the same batches.
+Nothing here names a trick. A candidate is a catalogue trick (``pack``), or one of its variants (``pack[resize]``),
+with the hook that says when it applies, what it changes and how it is checked (``pytorchtricks.tunable``).
+``why_not`` says why a candidate cannot help on this workload; ``check`` proves a configuration keeps the results
+right: ``exact`` tricks by output, gradient and updated-parameter equality on the same batch, ``approximate`` ones
+by loss parity over a few training steps and the SQNR of the outputs, ``data`` ones by ``tune.datacheck``.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pytorchtricks.tune.diagnose import Diagnosis
-from pytorchtricks.tune.runner import Runner, make_loader, ptt_function
+from pytorchtricks.core import MissingExtraError, require
+from pytorchtricks.tunable import TuneFacts
+from pytorchtricks.tune.hooks import Candidate, by_name, with_requirements
+from pytorchtricks.tune.runner import Runner
 from pytorchtricks.tune.workload import Workload
 
 EXACT_REL_TOL = 5e-3  # max |a-b| / max |a|: fp32 reassociation (other kernels or layouts, through a deep net
@@ -26,140 +26,26 @@ EXACT_REL_TOL = 5e-3  # max |a-b| / max |a|: fp32 reassociation (other kernels o
 LOSS_REL_TOL = 0.05  # approximate tricks: every loss of the first steps within 5% of fp32
 MIN_SQNR_DB = 20.0  # approximate tricks: outputs at least 20 dB above the error (bf16 typically gives 30-45)
 PARITY_STEPS = 3
-COMPILE_MIN_BUDGET_S = 420.0  # CPU inductor compiles a ResNet-18 training step in minutes on 2 cores
+EXTRAS = {"data": "PIL", "infer": "torchao"}  # a module each extra brings, to tell whether it is installed
 
 
-@dataclass(frozen=True)
-class Candidate:
-    name: str  # receipt row name: the catalogue trick's name, or the loader setting
-    export: str | None  # the ptt function it needs; None for plain torch settings
-    phases: tuple[str, ...]
-    exact: bool
-    gains: tuple[str, ...]
-    apply: str  # the line apply.py writes
-
-
-CANDIDATES: tuple[Candidate, ...] = (
-    Candidate(
-        "remove_conv_bias_before_bn",
-        "remove_conv_bias_before_bn_",
-        ("train", "infer"),
-        True,
-        ("speed", "memory"),
-        "ptt.remove_conv_bias_before_bn_(model)",
-    ),
-    Candidate(
-        "fuse_conv_bn", "fuse_conv_bn_", ("infer",), True, ("speed",), "ptt.fuse_conv_bn_(model.eval())"
-    ),
-    Candidate(
-        "to_channels_last",
-        "to_channels_last_",
-        ("train", "infer"),
-        True,
-        ("speed",),
-        "ptt.to_channels_last_(model)  # and x = x.contiguous(memory_format=torch.channels_last)",
-    ),
-    Candidate(
-        "mixed_precision",
-        "mixed_precision",
-        ("train", "infer"),
-        False,
-        ("speed", "memory"),
-        'mp = ptt.mixed_precision(device, dtype="bf16")',
-    ),
-    Candidate(
-        "fast_optimizer",
-        "fast_optimizer",
-        ("train",),
-        True,
-        ("speed",),
-        'optimizer = ptt.fast_optimizer(model.parameters(), "sgd", lr=lr, momentum=0.9)',
-    ),
-    Candidate("compile", "compile_", ("train", "infer"), False, ("speed",), "ptt.compile_(model)"),
-    Candidate(
-        "quantize",
-        "quantize_",
-        ("infer",),
-        False,
-        ("speed", "memory"),
-        "model = ptt.quantize_(model.eval(), (example_batch,))",
-    ),
-    Candidate(
-        "loader_workers",
-        None,
-        ("train", "infer"),
-        True,
-        ("speed",),
-        "loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, num_workers={workers}, "
-        "persistent_workers=True, prefetch_factor=2)",
-    ),
-    Candidate("pin_memory", None, ("train", "infer"), True, ("speed",), "DataLoader(..., pin_memory=True)"),
-    Candidate(
-        "enable_cudnn_benchmark",
-        "enable_cudnn_benchmark",
-        ("train", "infer"),
-        True,
-        ("speed",),
-        "ptt.enable_cudnn_benchmark()",
-    ),
-    Candidate("enable_tf32", "enable_tf32", ("train", "infer"), False, ("speed",), "ptt.enable_tf32()"),
-)
-
-
-def by_name(name: str) -> Candidate:
-    for c in CANDIDATES:
-        if c.name == name:
-            return c
-    raise KeyError(name)
-
-
-def with_catalogue_metadata(c: Candidate) -> Candidate:
-    """The candidate with ``exact``/``gains`` read from the trick module's ``TRICK`` when this build has it."""
-    import pytorchtricks as ptt
-
-    module = ptt._EXPORTS.get(c.export or "")
-    if module is None:
-        return c
-    try:
-        info = importlib.import_module(module).TRICK
-    except Exception:
-        return c
-    return Candidate(c.name, c.export, c.phases, bool(info.exact), tuple(info.gains), c.apply)
-
-
-def why_not(c: Candidate, w: Workload, diag: Diagnosis, budget_left_s: float) -> str | None:
+def why_not(c: Candidate, facts: TuneFacts) -> str | None:
     """Why ``c`` cannot help on this workload, or None when it is worth measuring."""
-    if w.for_ not in c.phases:
+    if facts.phase not in c.phases:
         return (
             "applies to "
-            + (" and ".join("training" if p == "train" else "inference" for p in c.phases))
+            + " and ".join("training" if p == "train" else "inference" for p in c.phases)
             + " only"
         )
-    dev = w.device.type
-    if c.name in ("enable_cudnn_benchmark", "enable_tf32") and dev != "cuda":
-        return "needs a CUDA GPU (cuDNN autotuning / TF32 tensor cores); this run is on the CPU"
-    if c.name == "pin_memory":
-        return (
-            "pinned memory only speeds host-to-CUDA copies; this run is on the CPU" if dev != "cuda" else None
-        )
-    if c.export is not None and ptt_function(c.export) is None:
-        return "not available in this build"
-    if c.name == "remove_conv_bias_before_bn" and not diag.conv_bias_pairs:
-        return "no convolution with a bias feeds a BatchNorm: nothing to remove"
-    if c.name == "fuse_conv_bn" and diag.conv_bn_pairs == 0:
-        return "no Conv->BatchNorm pair to fold"
-    if c.name == "to_channels_last" and not diag.has_conv2d:
-        return "no 2-D convolutions: the memory format does not matter"
-    if c.name == "mixed_precision" and not diag.bf16_native:
-        return "this device has no native bf16 (CPU: avx512_bf16 or AMX): bf16 would be emulated and slower"
-    if c.name == "compile" and budget_left_s < COMPILE_MIN_BUDGET_S:
-        return (
-            f"torch.compile needs minutes of compilation on this CPU, more than the {budget_left_s:.0f} s left of the "
-            f"time budget; rerun with --time-budget {int(COMPILE_MIN_BUDGET_S * 2)} to try it"
-        )
-    if c.name == "loader_workers" and (os.cpu_count() or 1) < 2:
-        return "one CPU core: loader workers could not run beside the training process"
-    return None
+    for need in c.needs:
+        if need == "cuda" and facts.device != "cuda":
+            return "needs a CUDA GPU; this run is on the CPU"
+        if need in EXTRAS:
+            try:
+                require(EXTRAS[need], need)
+            except MissingExtraError:
+                return f"not available in this build (pip install 'pytorchtricks[{need}]')"
+    return c.hook.applies(facts)
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -194,20 +80,11 @@ def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(float(ref.pow(2).sum()) / noise)
 
 
-def _model_tricks(tricks: tuple[str, ...]) -> tuple[str, ...]:  # loader settings are checked by check_loader
-    return tuple(t for t in tricks if t not in ("loader_workers", "pin_memory"))
-
-
-def check_loader(w: Workload, workers: int) -> Check:
-    """The worker loader yields exactly the batches (images and labels) of the in-process loader."""
-    import itertools
-
-    a = list(itertools.islice(iter(make_loader(w, 0)), 2))
-    b = list(itertools.islice(iter(make_loader(w, workers)), 2))
-    same = len(a) == len(b) and all(
-        torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b)
-    )
-    return Check("same batches", same, "first 2 batches identical" if same else "batches differ", {})
+def _opt_step(r: Runner, loss: torch.Tensor | None = None) -> None:
+    if loss is not None:
+        r.optimizer.zero_grad(set_to_none=True)
+        r.mp.backward(loss) if r.mp is not None else loss.backward()
+    r.mp.step(r.optimizer) if r.mp is not None else r.optimizer.step()
 
 
 def _exact(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> Check:
@@ -229,11 +106,8 @@ def _exact(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tenso
         common = [k for k in pb if k in pt and pb[k].grad is not None and pt[k].grad is not None]
         # relative to the largest gradient of the model: a conv bias before BN has a ~0 gradient of its own
         metrics["grad_rel"] = _rel_all([pb[k].grad for k in common], [pt[k].grad for k in common])
-        base.optimizer.step()
-        if trt.mp is not None:
-            trt.mp.step(trt.optimizer)
-        else:
-            trt.optimizer.step()
+        _opt_step(base)
+        _opt_step(trt)
         metrics["param_rel"] = _rel_all([pb[k] for k in common], [pt[k] for k in common])
         worst = max(metrics.values())
         return Check(
@@ -269,13 +143,7 @@ def _approx(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tens
                 elif i == 0:
                     s = sqnr_db(ref, out)
                 losses[key].append(loss.detach().item())
-                r.optimizer.zero_grad(set_to_none=True)
-                if r.mp is not None:
-                    r.mp.backward(loss)
-                    r.mp.step(r.optimizer)
-                else:
-                    loss.backward()
-                    r.optimizer.step()
+                _opt_step(r, loss)
         # relative to the first fp32 loss: after a few steps on one batch the loss can be near 0
         rel = max(abs(a - b) for a, b in zip(losses["base"], losses["trt"])) / max(
             abs(losses["base"][0]), 1e-12
@@ -294,20 +162,41 @@ def _approx(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tens
         trt.close()
 
 
-def check(w: Workload, tricks: tuple[str, ...], exact: bool) -> Check:
-    """Correctness of the configuration ``tricks`` against the baseline (see the module docstring)."""
-    checks: list[Check] = []
-    if "loader_workers" in tricks:
-        from pytorchtricks.tune.runner import loader_workers
+def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
+    from pytorchtricks.tune.datacheck import check_data
 
-        checks.append(check_loader(w, loader_workers()))
-    model_tricks = _model_tricks(tricks)
-    if model_tricks:
-        x, y = w.example_batch(min(w.batch_size, 16))
-        try:
-            checks.append((_exact if exact else _approx)(w, model_tricks, x, y))
-        except Exception as exc:  # a trick that crashes on this model fails its check, with the reason
-            checks.append(Check("error", False, f"{type(exc).__name__}: {str(exc)[:200]}", {}))
+    r = Runner(w, tricks, loader=False)
+    try:
+        s = r.setup
+        got = check_data(
+            s.dataset,
+            w.labels,
+            w.files,
+            batch_size=w.batch_size,
+            size=w.input_size,
+            loader_kwargs=s.loader_kwargs,
+        )
+    finally:
+        r.close()
+    metrics = {"psnr_db": got.psnr_db} if got.psnr_db is not None else {}
+    return Check("data: every sample once, labels, dtype/shape, pixels", got.ok, got.detail, metrics)
+
+
+def check(w: Workload, tricks: tuple[str, ...]) -> Check:
+    """Correctness of the configuration ``tricks`` against the baseline, by the checks its hooks name."""
+    tricks = with_requirements(tricks)
+    kinds = {by_name(t).hook.check for t in tricks}
+    model = tuple(t for t in tricks if by_name(t).hook.check != "data")
+    checks: list[Check] = []
+    try:
+        if "data" in kinds and w.data_kind in ("files", "pack"):
+            checks.append(_data(w, tuple(t for t in tricks if by_name(t).hook.check == "data")))
+        if model:
+            x, y = w.example_batch(min(w.batch_size, 16))
+            exact = all(by_name(t).exact for t in model)
+            checks.append((_exact if exact else _approx)(w, model, x, y))
+    except Exception as exc:  # a trick that crashes on this model fails its check, with the reason
+        checks.append(Check("error", False, f"{type(exc).__name__}: {str(exc)[:200]}", {}))
     if not checks:
         return Check("none needed", True, "no model or data change", {})
     metrics: dict[str, float] = {}
@@ -322,4 +211,4 @@ def check(w: Workload, tricks: tuple[str, ...], exact: bool) -> Check:
 
 
 def exact_set(tricks: tuple[str, ...]) -> bool:
-    return all(with_catalogue_metadata(by_name(t)).exact for t in tricks)
+    return all(by_name(t).exact for t in with_requirements(tricks))

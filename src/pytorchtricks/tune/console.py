@@ -56,6 +56,7 @@ class RichProgress(Progress):
 
 
 def receipt_table(res: TuneResult) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     w = res.workload
@@ -74,7 +75,7 @@ def receipt_table(res: TuneResult) -> Any:
     for c in res.candidates:
         m = c.measured
         table.add_row(
-            c.name,
+            escape(c.name),  # pack[resize] is not rich markup
             f"[{style[c.status]}]{c.status}[/]" if c.status in style else c.status,
             speedup_text(m) + (f" ({SCOPES[m.scope]})" if m is not None and m.scope != "step" else ""),
             f"{m.items_per_s:.1f}" if m else "-",

@@ -6,7 +6,9 @@ A data trick changes how samples reach the step, never which samples or what the
 - every sample exactly once per epoch (indices read back through the loader, the partial batch dropped only when
   ``drop_last`` says so) and the same label multiset as the dataset;
 - batches of the dtype and shape the step expects (uint8 ``[N, C, size, size]``, int64 labels);
-- pixels within ``MIN_PSNR_DB`` of the baseline's decode on the same crop box: the evaluation geometry (resize the
+- pixels within ``MIN_PSNR_DB`` (the median over 16 samples; the worst is reported: a RAM cache or a resized
+  pack rounds the crop box on a smaller image, and a one-pixel shift of a finely textured photo alone costs
+  ~25 dB on that photo) of the baseline's decode on the same crop box: the evaluation geometry (resize the
   short side to ``size / 0.875``, centre crop) through the candidate's own decode path vs PIL full decode +
   torchvision ``Resize`` + ``CenterCrop`` of the original file. PSNR bounds what a faster decode (DCT-scaled,
   from a RAM cache at a smaller size, from a re-encoded pack) costs in fidelity.
@@ -122,10 +124,13 @@ def check_data(
     ev = make_loader(_Indexed(dataset, k), k, crop=size, mode="eval", num_workers=0)
     got = next(iter(ev))[0]
     ref = reference_pixels(files[:k], size)
-    worst = min(psnr_db(got[i], ref[i]) for i in range(k))
-    ok = worst >= MIN_PSNR_DB
-    detail += f"; pixels {worst:.1f} dB PSNR (worst of {k}) vs PIL decode + Resize + CenterCrop"
-    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=worst)
+    values = sorted(psnr_db(got[i], ref[i]) for i in range(k))
+    median, worst = values[k // 2], values[0]
+    ok = median >= MIN_PSNR_DB
+    detail += (
+        f"; pixels {median:.1f} dB PSNR median of {k} (worst {worst:.1f}) vs PIL decode + Resize + CenterCrop"
+    )
+    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median)
 
 
 def label_array(dataset: Any) -> np.ndarray:

@@ -18,8 +18,8 @@ from pytorchtricks.analysis.profile import bf16_native  # one definition, shared
 from pytorchtricks.bench.alloc_events import quiet_peak_memory
 from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch
 from pytorchtricks.quiet import filtered_stderr
-from pytorchtricks.tune.runner import Runner, loader_workers, ptt_function
-from pytorchtricks.tune.workload import ImageFolderData, Workload, pil_mode, size_hw
+from pytorchtricks.tune.runner import Runner
+from pytorchtricks.tune.workload import Workload, pil_mode
 
 INPUT_BOUND_SHARE = 0.30  # data wait above this share of the step: the loop waits for data
 
@@ -101,50 +101,37 @@ def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
     return with_bias, len(pairs)
 
 
-def data_stages(w: Workload, n: int = 48) -> dict[str, float]:
-    """Seconds per sample in each input-pipeline stage, measured in-process on the first ``n`` samples."""
+def data_stages(w: Workload, n: int = 24) -> dict[str, float]:
+    """Seconds per sample in each stage of the user's pipeline (PIL: read, decode, RandomResizedCrop + flip,
+    ToTensor + Normalize), measured in-process on the first ``n`` samples; synthetic data: generation."""
     from PIL import Image
+    from torchvision import transforms as tf
 
     sw = Stopwatch()
-    ds = w.dataset
-    n = min(n, len(ds))  # type: ignore[arg-type]
-    if isinstance(ds, ImageFolderData):
+    n = min(n, len(w.dataset))
+    items = []
+    if w.files is not None:
         import io
 
-        import numpy as np
-
-        items = []
-        h, wd = size_hw(ds.size)
-        mode = pil_mode(ds.channels)
+        size = (w.input_size, w.width or w.input_size)
+        crop, to_tensor = tf.Compose([tf.RandomResizedCrop(size), tf.RandomHorizontalFlip()]), tf.ToTensor()
+        norm = tf.Normalize([0.5] * w.channels, [0.25] * w.channels)
         for i in range(n):
-            with sw.stage("read file"), open(ds.path(i), "rb") as fh:
+            with sw.stage("read file"), open(w.files[i], "rb") as fh:
                 raw = fh.read()
             with sw.stage("decode"):
-                f = Image.open(io.BytesIO(raw))
-                f.draft(mode if mode in ("L", "RGB") else "RGB", (wd, h))
-                im: Any = f.convert(mode)
+                im: Any = Image.open(io.BytesIO(raw)).convert(pil_mode(w.channels))
             with sw.stage("resize"):
-                im = im.resize((wd, h), Image.Resampling.BILINEAR)
+                im = crop(im)
             with sw.stage("to tensor"):
-                arr = np.asarray(im, dtype=np.uint8)
-                arr = arr[:, :, None] if arr.ndim == 2 else arr
-                items.append(torch.from_numpy(arr.copy()).permute(2, 0, 1))
+                items.append(norm(to_tensor(im)))
     else:
-        items = []
         for i in range(n):
             with sw.stage("generate"):
-                items.append(ds[i][0])
+                items.append(w.dataset[i][0])
     with sw.stage("collate"):
         torch.stack(items)
     return {k: v / n for k, v in sw.totals_s.items()}
-
-
-def data_source(w: Workload) -> str | None:
-    """The folder the workload's images come from (an image folder or a ``ptt pack``), or None (synthetic)."""
-    ds = w.dataset
-    if isinstance(ds, ImageFolderData):
-        return ds.root
-    return getattr(ds, "source", None)
 
 
 def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: float) -> tuple[dict | None, str]:
@@ -154,10 +141,9 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
     Returns (summary or None, why it was skipped). ``data_s`` (seconds per batch of the in-process loader) sizes
     the cost: about 6 batches of decoding plus worker start-up.
     """
-    doctor = ptt_function("doctor_data")
-    src = data_source(w)
-    if doctor is None:
-        return None, "ptt.doctor_data is not available in this build"
+    from pytorchtricks.analysis.data_doctor import doctor_data as doctor
+
+    src = w.source
     if src is None:
         return None, "the data is generated in memory: no files to read or decode"
     if w.channels != 3 or w.width is not None:
@@ -171,18 +157,28 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
         return None, "too few samples for eight batches"
     if 6 * data_s * batch / w.batch_size + 2 * compute_s + 2.0 > budget_s:
         return None, f"skipped: it needs more than the {budget_s:.0f} s left for the diagnosis"
+    runner = None
+    if w.device.type == "cpu" and batch == w.batch_size:
+        from pytorchtricks.tune.runner import stage_batches
+
+        # the real step beside the loader: on a CPU its threads take cores from the decoding workers
+        runner = Runner(w, (), batches=stage_batches(w, 2))
     try:
         r = doctor(
             src,
             batch_size=batch,
             crop=w.input_size,
             batches=2,
-            num_workers=max(loader_workers(), w.num_workers),
-            step_time_s=compute_s * batch / w.batch_size,
+            num_workers=max(1, w.num_workers),
+            step_time_s=None if runner is not None else compute_s * batch / w.batch_size,
             device=w.device,
+            step=runner.step if runner is not None else None,
         )
     except Exception as exc:  # the diagnosis goes on without it, saying why
         return None, f"ptt.doctor_data failed ({type(exc).__name__}: {str(exc)[:160]})"
+    finally:
+        if runner is not None:
+            runner.close()
     return {
         "batch_size": batch,
         "num_workers": r.num_workers,
@@ -240,16 +236,15 @@ def memory_facts(runner: Runner, *, peak: bool = True) -> dict[str, Any]:
 def _lint_findings(model: nn.Module, example: torch.Tensor, w: Workload) -> tuple[list[Finding], str | None]:
     """``ptt.lint`` on a small probe batch of the workload's input shape, its findings stated for the workload's
     batch (``batch_size=``): the receipt describes the user's run, never the probe."""
-    lint = ptt_function("lint")
-    if lint is None:
-        return [], "ptt.lint is not available in this build; tune ran its own checks"
+    from pytorchtricks.analysis.lint import lint
+
     try:
         found = lint(model, (example,), phase=w.for_, batch_size=w.batch_size)
     except Exception as exc:  # a linter failure must not stop the tuning
         return [], f"ptt.lint failed ({type(exc).__name__}: {exc}); tune ran its own checks"
     items = getattr(found, "findings", found)
     out = []
-    for f in list(items or []):
+    for f in list(items or []):  # type: ignore[arg-type]
         out.append(
             Finding(
                 id=str(getattr(f, "id", getattr(f, "rule", "lint"))),
@@ -291,12 +286,9 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         runner.close()
     if lint_note:
         notes.append(lint_note)
-    breakdown = ptt_function("memory_breakdown")
-    if breakdown is None:
-        notes.append(
-            "ptt.memory_breakdown is not available in this build; memory measured with SavedTensorMeter"
-        )
-    elif w.for_ == "train":
+    from pytorchtricks.analysis.memory import memory_breakdown as breakdown
+
+    if w.for_ == "train":
         try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -342,16 +334,14 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
     verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "compute-bound"
     if verdict == "input-bound":
-        more = loader_workers() > w.num_workers  # never advise the workers the loop already has
         findings.append(
             Finding(
                 "input-bound",
                 f"DataLoader(num_workers={w.num_workers})",
                 f"{share:.0%} of the step waits for data, loaded "
                 + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
-                f"DataLoader(num_workers={loader_workers()}, persistent_workers=True)"
-                if more
-                else "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack",
+                "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack; "
+                "tune measures each below",
             )
         )
     if w.batch_size % 8 and not any(f.id.startswith("PTL003") for f in findings):

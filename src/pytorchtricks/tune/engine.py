@@ -37,17 +37,11 @@ from pytorchtricks.bench.alloc_events import quiet_peak_memory
 from pytorchtricks.bench.measure import Comparison, Deadline, compare, environment, quantiles
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import import_cpp_extension_quietly
-from pytorchtricks.tune.candidates import (
-    CANDIDATES,
-    Check,
-    by_name,
-    check,
-    exact_set,
-    why_not,
-    with_catalogue_metadata,
-)
+from pytorchtricks.tunable import TuneFacts, TuneSkip
+from pytorchtricks.tune.candidates import Check, check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
-from pytorchtricks.tune.runner import Runner, stage_batches
+from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
+from pytorchtricks.tune.runner import Runner, prepared, stage_batches
 from pytorchtricks.tune.workload import Workload, build_workload
 
 MARGIN = 0.05  # a win must clear 1.05x at the first quartile: borderline tricks would flip between runs
@@ -55,16 +49,11 @@ MEMORY_MARGIN = 0.05
 REPORT_RESERVE_S = 8.0
 DEFAULT_BUDGET_S = 160.0  # + imports and workload build: `make demo` ends within 3 minutes
 SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
-# loader settings are measured on the whole step; every other trick on the compute step (data staged)
-DATA_TRICKS = ("loader_workers", "pin_memory")
 STEP_BASELINE = "baseline (whole step)"
 DROPPED_FOR_TIME = (
     "not tried",
     "checked but not measured",
 )  # how a candidate the budget left out is marked  # the variant name of the whole-step reference
-FIX_TRICKS = (
-    "remove_conv_bias_before_bn",
-)  # exact fixes of diagnosed problems: kept unless measurably slower
 
 
 @dataclass
@@ -94,6 +83,9 @@ class CandidateResult:
     exact: bool
     measured: Measured | None = None
     check: Check | None = None
+    # one-time build (a pack, a RAM cache, a loader sweep) of the trick and what it needs, in seconds
+    prepare_s: float | None = None
+    break_even_epochs: float | None = None
 
 
 @dataclass
@@ -219,7 +211,7 @@ def measure_variants(
             device=w.device,
             warmup=1,
             on_round=on_round,
-            before_block=lambda n: runners[n].drain(),
+            before_block=lambda n: _only_active(runners, n),
         )
         mem = {
             n: quiet_peak_memory(r.step, w.device)
@@ -231,6 +223,34 @@ def measure_variants(
             r.close()
     scopes = {n: "compute" if n in staged else "step" for n in variants}
     return _measured(cmp, variants, w.batch_size, mem, scopes), cmp
+
+
+def _payback(w: Workload, cr: CandidateResult, m: Measured, ref: Measured) -> str:
+    """The one-time cost of a trick that builds something (pack, cache, sweep) and the epochs it takes to pay."""
+    cost = sum(w.prepare_s.get(n, 0.0) for n in with_requirements((cr.name,)))
+    if cost <= 0:
+        return ""
+    cr.prepare_s = cost
+    if cost < 0.5:  # the build was found from an earlier run (an arena or a pack is reused by its key)
+        return f"; its one-time build was reused from an earlier run ({cost:.1f} s now)"
+    n = len(w.dataset)
+    saved = n / ref.items_per_s - n / m.items_per_s  # seconds per epoch over the data tune saw
+    if saved <= 0:
+        return f"; one-time build {cost:.1f} s, no time saved per epoch"
+    cr.break_even_epochs = cost / saved
+    return (
+        f"; one-time build {cost:.1f} s, saves {saved:.1f} s per epoch of these {n} images: pays back after "
+        f"{cr.break_even_epochs:.1f} epoch(s) (the same ratio on the whole dataset: build time and savings "
+        "both scale with its size)"
+    )
+
+
+def _only_active(runners: dict[str, Runner], name: str) -> None:
+    """Before ``name``'s timed block: stop every other variant's loader workers, start ``name``'s."""
+    for other, r in runners.items():
+        if other != name:
+            r.deactivate()
+    runners[name].activate()
 
 
 def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tuple[bool, str]:
@@ -245,7 +265,7 @@ def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tup
         return True, f"faster: {spread}"
     if (goal == "memory" or (goal == "both" and m.ratio_q3 >= 1 - MARGIN)) and mem_win:
         return True, f"step peak {m.peak_bytes / base.peak_bytes:.0%} of baseline"  # type: ignore[operator]
-    if exact and name in FIX_TRICKS and m.ratio_q3 >= 1 - MARGIN:
+    if exact and by_name(name).hook.fixes and m.ratio_q3 >= 1 - MARGIN:
         return True, f"exact fix of a diagnosed problem; not measurably slower: {spread}"
     if goal == "memory":
         share = f"{m.peak_bytes / base.peak_bytes:.0%}" if m.peak_bytes and base.peak_bytes else "unmeasured"
@@ -256,45 +276,45 @@ def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tup
 
 
 def _priority(diag: Diagnosis) -> list[str]:
-    """Candidate order: those that answer a diagnosed finding first, then catalogue order."""
-    ids = {f.id for f in diag.findings}
-    first = [
-        n
-        for f, n in (
-            ("fp32-on-bf16-cpu", "mixed_precision"),
-            ("input-bound", "loader_workers"),
-            ("conv-bias-before-bn", "remove_conv_bias_before_bn"),
-        )
-        if f in ids
-    ]
-    if (
-        any(i.startswith("PTL001") or "conv-bias" in i for i in ids)
-        and "remove_conv_bias_before_bn" not in first
-    ):
-        first.append("remove_conv_bias_before_bn")
-    return first + [c.name for c in CANDIDATES if c.name not in first]
+    """Candidate order: tricks that fix a diagnosed finding first, then (input-bound) the loader tricks, then
+    the hooks' order."""
+    ids = {f.id.split()[0] for f in diag.findings}
+    cands = all_candidates()
+    first = [c.name for c in cands if c.hook.fixes and c.hook.fixes in ids]
+    if diag.verdict == "input-bound":
+        first += [c.name for c in cands if c.scope == "step" and c.name not in first]
+    return first + [c.name for c in cands if c.name not in first]
 
 
-def already_applied(name: str, w: Workload) -> str | None:
-    """Why tune must not recommend ``name``: the workload already has it (None: it does not).
+def facts_of(w: Workload, diag: Diagnosis, budget_left_s: float) -> TuneFacts:
+    """What the hooks' ``applies`` see: the workload and its diagnosis."""
+    import psutil
 
-    Advice the user has already followed is noise; the receipt says the setting is in place instead.
-    """
-    from pytorchtricks.tune.runner import loader_workers
-
-    if name == "loader_workers" and w.num_workers >= loader_workers():
-        return (
-            f"already in place: the loop loads with {w.num_workers} worker(s), as many as this machine's "
-            f"{os.cpu_count() or 1} core(s) sensibly allow"
-        )
-    if name == "to_channels_last":
-        convs = [m for m in w.model_factory().modules() if isinstance(m, torch.nn.Conv2d)]
-        if convs and all(
-            m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
-            for m in convs
-        ):
-            return "already in place: the model's convolution weights are channels_last"
-    return None
+    step = max(diag.step_s, 1e-12)
+    data_bytes = sum(os.path.getsize(f) for f in w.files) if w.files else None
+    convs = [m for m in w.model_factory().modules() if isinstance(m, torch.nn.Conv2d)]
+    nhwc = bool(convs) and all(
+        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+        for m in convs
+    )
+    return TuneFacts(
+        phase=w.for_,
+        device=w.device.type,
+        verdict=diag.verdict,
+        data_wait_share=diag.split_s.get("data wait", 0.0) / step,
+        data_kind=w.data_kind,
+        data_bytes=data_bytes,
+        num_samples=len(w.dataset),
+        input_size=w.input_size,
+        free_ram_bytes=int(psutil.virtual_memory().available),
+        cpu_count=os.cpu_count() or 1,
+        budget_left_s=budget_left_s,
+        conv_bias_pairs=len(diag.conv_bias_pairs),
+        conv_bn_pairs=diag.conv_bn_pairs,
+        has_conv2d=diag.has_conv2d,
+        native_bf16=diag.bf16_native,
+        baseline={"num_workers": w.num_workers, "channels_last": nhwc, "optimizer": w.optimizer[0]},
+    )
 
 
 def _left(dl: Deadline) -> float:
@@ -309,17 +329,25 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     t = diag.step_s
     to_measure: list[str] = []
     rows: dict[str, CandidateResult] = {}
-    prog.phase("check candidates", len(CANDIDATES))
+    cands = all_candidates()
+    prog.phase("check candidates", len(cands))
     checks_until = dl.elapsed_s + 0.25 * _left(dl)  # correctness checks may use a quarter of what is left
     for name in _priority(diag):
-        c = with_catalogue_metadata(by_name(name))
-        reason = already_applied(c.name, w) or why_not(c, w, diag, _left(dl))
+        c = by_name(name)
+        reason = why_not(c, facts_of(w, diag, _left(dl)))
         if reason is None and dl.elapsed_s > checks_until:
             reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
         if reason is not None:
             rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
         else:
-            chk = check(w, (c.name,), c.exact)
+            try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
+                for need in with_requirements((c.name,)):
+                    prepared(w, need)
+            except TuneSkip as exc:
+                rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
+                prog.advance()
+                continue
+            chk = check(w, (c.name,))
             if chk.passed:
                 rows[name] = CandidateResult(c.name, "measuring", "", c.exact, check=chk)
                 to_measure.append(c.name)
@@ -328,7 +356,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
                     c.name, "failed", f"correctness check failed: {chk.detail}", c.exact, check=chk
                 )
         prog.advance()
-    res.candidates = [rows[c.name] for c in CANDIDATES]  # the receipt lists candidates in catalogue order
+    res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
     share = 0.5 * _left(dl)
     t_compute = compute_step_s(diag)
     while to_measure and _one_run(to_measure, t, t_compute, share) is None:
@@ -373,6 +401,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         ok, why = _wins(m, ref, cr.name, goal, cr.exact)
         if m.scope == "compute":
             why += " on the compute step (batches staged in memory)"
+        why += _payback(w, cr, m, ref)
         cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
     res.phases_done.append("candidates")
     winners = [n for n in to_measure if rows[n].status == "kept"]
@@ -391,8 +420,8 @@ def _one_run(
     """How to measure ``names`` in one interleaved run within ``budget_s``: model tricks on the compute step
     against ``baseline`` (batches staged), loader settings on the whole step against ``STEP_BASELINE``, all in
     the same rounds. Returns (plan, variants, the whole-step variants, mean seconds per call), or None."""
-    model = [n for n in names if n not in DATA_TRICKS]
-    data = [n for n in names if n in DATA_TRICKS]
+    model = [n for n in names if by_name(n).scope != "step"]
+    data = [n for n in names if by_name(n).scope == "step"]
     variants: dict[str, tuple[str, ...]] = {}
     if model:
         variants |= {"baseline": ()} | {n: (n,) for n in model}
@@ -430,7 +459,7 @@ def _phase_combine(
     prog.phase("combine winners greedily", len(winners) - 1)
     for i, name in enumerate(winners[1:]):
         trial = (*current, name)
-        chk = check(w, trial, exact_set(trial))
+        chk = check(w, trial)
         step: dict[str, Any] = {
             "with": list(current),
             "add": name,
@@ -454,7 +483,7 @@ def _phase_combine(
             w, {"without": current, "with": trial}, step_s=t, budget_s=share, memory=False
         )
         q1, med, q3 = paired_ratio(cmp, "without", "with")
-        fix = name in FIX_TRICKS and by_name(name).exact
+        fix = bool(by_name(name).hook.fixes) and by_name(name).exact
         # a real gain on the whole step: the median clears the margin and the first quartile clears 1 (a trick
         # on the candidate bar whose gain the whole step dilutes is dropped in every run, not in some)
         keep = (q1 > 1.0 and med >= 1 + MARGIN) or (fix and q3 >= 1 - MARGIN) or goal == "memory"
@@ -484,7 +513,7 @@ def _phase_verify(
     diag = res.diagnosis
     assert diag is not None
     t = diag.step_s
-    res.combined_check = check(w, combo, exact_set(combo)) if len(combo) > 1 else None
+    res.combined_check = check(w, combo) if len(combo) > 1 else None
     if res.combined_check is not None and not res.combined_check.passed:
         res.notes.append(
             f"the combination {' + '.join(combo)} failed its check; recommending the best single trick"
@@ -606,6 +635,9 @@ def describe(w: Workload) -> dict[str, Any]:
         "input_size": w.input_size,
         "input_shape": list(w.input_shape),  # one sample's C, H, W
         "num_workers": w.num_workers,  # the loader workers the user's loop already uses (the baseline's)
+        "optimizer": list(
+            w.optimizer
+        ),  # the loop's optimizer and hyper-parameters (kept; only its kernels change)
         "for": w.for_,
         "device": str(w.device),
         "num_outputs": w.num_outputs,
@@ -642,6 +674,11 @@ def tune_model(
         num_workers=num_workers, for_=for_, device=device,
     )  # fmt: skip
     res = run_tune(w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl)
+    # how to build this workload again: `python apply.py --check` re-measures the recommendation on it
+    res.workload["rebuild"] = {
+        "model": model, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
+        "num_workers": w.num_workers, "for": w.for_, "device": str(w.device),
+    }  # fmt: skip
     if out is not None:
         from pytorchtricks.tune.receipt import write_receipt
 

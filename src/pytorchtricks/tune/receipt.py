@@ -15,9 +15,8 @@ from dataclasses import asdict
 from typing import Any
 
 from pytorchtricks.bench.measure import write_jsonl
-from pytorchtricks.tune.candidates import by_name
 from pytorchtricks.tune.engine import TuneResult
-from pytorchtricks.tune.runner import loader_workers
+from pytorchtricks.tune.hooks import by_name, with_requirements
 
 
 def shape_text(workload: dict[str, Any]) -> str:
@@ -80,62 +79,62 @@ def rows(p: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _precision_line(rec: list[str], candidates: list[dict[str, Any]]) -> str:
-    """The ``mp = ...`` line: bf16 only where it won; where it was not tried (no native bf16), no bf16 advice."""
-    if "mixed_precision" in rec:
-        return '    mp = ptt.mixed_precision(device, dtype="bf16")'
-    row = next((c for c in candidates if c["name"] == "mixed_precision"), None)
-    if row is not None and row["status"] in ("rejected", "failed"):
-        return (
-            '    mp = ptt.mixed_precision(device, dtype="bf16", enabled=False)  # bf16 was measured: fp32 won'
-        )
-    return "    mp = ptt.mixed_precision(device, enabled=False)  # fp32" + (
-        f": {row['reason']}" if row is not None and "bf16" in row["reason"] else ""
-    )
+def _fields(p: dict[str, Any]) -> dict[str, Any]:
+    """What a hook's receipt line may name: ``{batch_size}``, ``{input_size}``, ``{workers}``, ..."""
+    wl = p["workload"]
+    name, kwargs = (wl.get("optimizer") or ["sgd", {"lr": 0.01, "momentum": 0.9}])[:2]
+    args = ", ".join([repr(name), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    size = int(wl["input_size"])
+    return {
+        "batch_size": wl["batch_size"],
+        "input_size": size,
+        "workers": int(wl.get("num_workers") or 0),
+        "cache_side": max(size, round(size / 0.08**0.5)),
+        "optimizer_args": args,
+    }
+
+
+def _line(name: str, fields: dict[str, Any]) -> str:
+    try:
+        return by_name(name).hook.receipt.format(**fields)
+    except KeyError:  # a trick this build no longer has (an old receipt)
+        return "(not in this build)"
 
 
 def apply_snippet(p: dict[str, Any]) -> str:
-    """``apply.py``: a short, runnable function that applies the recommended tricks to the user's objects."""
+    """``apply.py``: the user's setup plus, in the hooks' order, each recommended trick's own receipt line.
+
+    ``apply(model, dataset, batch_size, device)`` returns ``(model, optimizer, loader, mp)`` (inference: no
+    optimizer). The lines come from the tricks (``TUNE.receipt``); nothing here names a trick.
+    """
     rec = list(p.get("recommended") or [])
     train = p["workload"]["for"] == "train"
     comb = p.get("combined")
     env = p["env"]
+    fields = _fields(p)
     measured = (
         f"{comb['ratio']:.2f}x images/s (IQR {comb['ratio_q1']:.2f}-{comb['ratio_q3']:.2f}) vs the baseline"
         if comb
         else "no trick beat the baseline"
     )
-    body: list[str] = []
-    if "remove_conv_bias_before_bn" in rec:
-        body.append(
-            "    ptt.remove_conv_bias_before_bn_(model)  # exact: the bias moves into BN's running_mean"
-        )
-    if not train:
-        body.append("    model.eval()")
-    if "fuse_conv_bn" in rec:
-        body.append("    ptt.fuse_conv_bn_(model)  # exact: BN folded into the conv weights")
-    body.append("    model.to(device)")
-    if "to_channels_last" in rec:
-        body.append(
-            "    ptt.to_channels_last_(model)  # feed inputs with x.contiguous(memory_format=torch.channels_last)"
-        )
+    names = (
+        [n for n in with_requirements(tuple(rec)) if _line(n, fields) != "(not in this build)"] if rec else []
+    )
+    by_change: dict[str, list[str]] = {}
+    for n in names:
+        by_change.setdefault(by_name(n).hook.changes, []).append(f"    # {n}\n    {_line(n, fields)}")
+    workers = fields["workers"]
+    extra = f", num_workers={workers}" if workers else ""
+    body = ["    model.to(device)" if train else "    model.eval().to(device)", *by_change.get("model", [])]
     if train:
-        if "fast_optimizer" in rec:
-            body.append('    optimizer = ptt.fast_optimizer(model.parameters(), "sgd", lr=lr, momentum=0.9)')
-        else:
-            body.append("    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)")
-    if "compile" in rec:
-        body.append(f"    ptt.compile_(model, for_inference={not train})")
-    if "loader_workers" in rec:
-        body.append(
-            "    loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True, "
-            f"num_workers={loader_workers()},\n                        persistent_workers=True, prefetch_factor=2)"
-        )
-    else:
-        workers = int(p["workload"].get("num_workers") or 0)  # the user's own setting, kept as it was
-        extra = f", num_workers={workers}, persistent_workers=True" if workers else ""
-        body.append(f"    loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True{extra})")
-    body.append(_precision_line(rec, p["candidates"]))
+        body.append(f"    optimizer = torch.optim.{_torch_optim(fields)}  # the loop's own optimizer")
+        body += by_change.get("optimizer", [])
+    body.append(
+        f"    loader = DataLoader(dataset, batch_size, shuffle={train}, drop_last={train}{extra})  # as today"
+    )
+    body += by_change.get("loader", [])
+    body.append("    mp = ptt.mixed_precision(device, enabled=False)  # fp32" + _fp32_reason(p["candidates"]))
+    body += by_change.get("precision", []) + by_change.get("step", []) + by_change.get("switch", [])
     ret = "model, optimizer, loader, mp" if train else "model, loader, mp"
     skipped = [
         f"#   {c['name']}: {c['status']} - {c['reason']}" for c in p["candidates"] if c["status"] != "kept"
@@ -161,22 +160,53 @@ def apply_snippet(p: dict[str, Any]) -> str:
         "import pytorchtricks as ptt",
         "",
         "",
-        'def apply(model, dataset, batch_size, device="cpu", lr=0.01):',
-        f'    """Apply the winning tricks; returns ({ret})."""',
+        'def apply(model, dataset, batch_size, device="cpu"):',
+        f'    """Apply the winning tricks; returns ({ret}). ``dataset``: ptt.JpegFolder(root) for image folders."""',
         *body,
         f"    return {ret}",
         "",
         "",
-        "# In your loop:",
-        "#     x = x.to(device, non_blocking=True)"
-        + (".contiguous(memory_format=torch.channels_last)" if "to_channels_last" in rec else ""),
+        "# In your loop (uint8 batches from ptt.make_loader: normalise on the device):",
+        "#     x = x.to(device, non_blocking=True)",
         step,
     ]
     if skipped:
         lines += ["#", "# Not applied:", *skipped]
-    for name in rec:
-        lines.append(f"# {name}: {by_name(name).apply.format(workers=loader_workers())}")
+    lines += [
+        "",
+        "",
+        'if __name__ == "__main__":  # python apply.py --check: re-measure baseline vs recommended on this workload',
+        "    import os",
+        "    import sys",
+        "",
+        "    from pytorchtricks.tune.reproduce import main",
+        "",
+        '    sys.exit(main(os.path.join(os.path.dirname(os.path.abspath(__file__)), "receipt.json"), sys.argv[1:]))',
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _torch_optim(fields: dict[str, Any]) -> str:
+    name, _, rest = fields["optimizer_args"].partition(", ")
+    cls = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}.get(name.strip("'\""), "SGD")
+    return f"{cls}(model.parameters(){', ' + rest if rest else ''})"
+
+
+def _changes(name: str) -> str:
+    try:
+        return by_name(name).hook.changes
+    except KeyError:
+        return ""
+
+
+def _fp32_reason(candidates: list[dict[str, Any]]) -> str:
+    """Why fp32 stays, from the precision candidate's row (no bf16 advice where bf16 was not measured)."""
+    row = next((c for c in candidates if _changes(c["name"]) == "precision"), None)
+    if row is None:
+        return ""
+    if row["status"] in ("rejected", "failed"):
+        return ": bf16 was measured, fp32 won"
+    return f": {row['reason']}" if row["status"] == "skipped" else ""
 
 
 def write_receipt(res: TuneResult, out_dir: str) -> str:

@@ -1,82 +1,81 @@
 """One configuration of the workload with a set of tricks applied, as a callable training (or inference) step.
 
-``Runner(workload, tricks)`` builds a fresh model copy (same initial weights every time), applies the tricks in a
-fixed order (model rewrites, optimizer, precision, compile, loader), and exposes ``step()`` - next batch, host to
-device, forward, loss, backward, optimizer - which is what the measuring engine times. ``step(sw)`` does the same
-with every stage timed by a ``Stopwatch`` (the step-time split of the diagnosis).
+``Runner(workload, tricks)`` builds a fresh model copy (same initial weights every time) and a ``TuneSetup``
+holding the user's configuration (their optimizer and hyper-parameters, their input pipeline), then lets each
+trick's ``TUNE`` hook edit it, in the hooks' order - the runner never names a trick. ``step()`` - next batch, host
+to device, forward, loss, backward, optimizer - is what the measuring engine times; ``step(sw)`` does the same with
+every stage timed by a ``Stopwatch`` (the step-time split of the diagnosis).
+
+Data comes through one road: the user's pipeline (``tune.baseline``: torchvision ImageFolder + PIL) or the
+library's (``ptt.make_loader`` over the setup's dataset, which a hook may have replaced by a RAM cache or a pack).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from pytorchtricks.bench.measure import Stopwatch
-from pytorchtricks.core import PttError
-from pytorchtricks.tune.workload import Workload
+from pytorchtricks.bench.measure import Stopwatch, now_s
+from pytorchtricks.core import PttWarning
+from pytorchtricks.tunable import TuneSetup
+from pytorchtricks.tune.baseline import normalize, user_loader
+from pytorchtricks.tune.hooks import by_name, with_requirements
+from pytorchtricks.tune.workload import Workload, _channels, cache_root
 
-# ImageNet statistics: inputs are normalised on the fly from uint8, as a real loop would.
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
-STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
-
-
-def norm_stats(channels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, std) of shape (1, C, 1, 1) in uint8 units: ImageNet's for RGB, their channel average otherwise."""
-    if channels == 3:
-        return MEAN, STD
-    return MEAN.mean().expand(1, channels, 1, 1), STD.mean().expand(1, channels, 1, 1)
-
-
-LR, MOMENTUM = 0.01, 0.9
-LOADER_WORKERS = 2
 PREFETCH_FACTOR = 2
 
 
-def ptt_function(name: str) -> Any | None:
-    """``getattr(ptt, name)`` if this build exports and can import it, else ``None``."""
-    import pytorchtricks as ptt
-
-    if name not in ptt._EXPORTS:
-        return None
-    try:
-        return getattr(ptt, name)
-    except (ImportError, AttributeError):
-        return None
+def _optimizer(name: str, kwargs: dict[str, Any]) -> Any:
+    cls = {
+        c.lower(): getattr(torch.optim, c)
+        for c in dir(torch.optim)
+        if isinstance(getattr(torch.optim, c), type)
+    }
+    return lambda params: cls[name.lower()](params, **kwargs)
 
 
-def loader_workers() -> int:
-    import os
-
-    return max(1, min(LOADER_WORKERS, (os.cpu_count() or 1)))
-
-
-def make_loader(
-    w: Workload, num_workers: int, seed: int = 0, *, pin_memory: bool = False
-) -> torch.utils.data.DataLoader[Any]:
-    """A plain torch DataLoader over the workload's dataset: seeded shuffling, fixed batch shape (drop_last)."""
-    from pytorchtricks.tricks.runtime.seed_everything import seed_worker
-
-    g = torch.Generator().manual_seed(seed)
-    n = max(len(w.dataset), w.batch_size)  # type: ignore[arg-type]
-    sampler = torch.utils.data.RandomSampler(w.dataset, num_samples=n, generator=g)  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    if num_workers > 0:
-        kwargs.update(persistent_workers=True, prefetch_factor=PREFETCH_FACTOR, worker_init_fn=seed_worker)
-    return torch.utils.data.DataLoader(
-        w.dataset,
+def base_setup(w: Workload, model: Any = None) -> TuneSetup:
+    """The user's configuration, before any trick: what hooks edit and ``prepare`` reads."""
+    return TuneSetup(
+        model=model,
+        optimizer=w.optimizer,
+        device=w.device,
+        train=w.for_ == "train",
+        example=None,
         batch_size=w.batch_size,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=num_workers,
-        pin_memory=pin_memory and w.device.type == "cuda",  # only host->CUDA copies gain from pinned pages
-        **kwargs,
+        input_size=w.input_size,
+        source=w.source,
+        cache_dir=cache_root(),
+        dataset=w.dataset,
+        loader_kwargs={"num_workers": w.num_workers},
     )
+
+
+def prepared(w: Workload, name: str) -> Any:
+    """The one-time state of ``name``'s hook (a pack, a RAM cache, a loader sweep): built once per workload, its
+    seconds recorded in ``w.prepare_s`` (the receipt's one-time cost and break-even epochs)."""
+    hook = by_name(name).hook
+    if hook.prepare is None:
+        return None
+    if name not in w.prepared:
+        t0 = now_s()
+        with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
+            warnings.simplefilter("always")
+            w.prepared[name] = hook.prepare(base_setup(w))
+        for msg in dict.fromkeys(str(c.message) for c in caught if issubclass(c.category, PttWarning)):
+            w.notes.append(f"{name}: {msg}")
+        state = w.prepared[name]
+        w.prepare_s[name] = (
+            float(state["build_s"]) if isinstance(state, dict) and "build_s" in state else now_s() - t0
+        )
+    return w.prepared[name]
 
 
 class Runner:
@@ -92,50 +91,67 @@ class Runner:
         batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self.w = w
-        self.tricks = tuple(tricks)
+        self.tricks = with_requirements(tuple(tricks))
         self.train = w.for_ == "train"
-        dev = w.device
+        self.seed = seed
         torch.manual_seed(seed)
-        self._mean, self._std = (t.to(dev) for t in norm_stats(w.channels))
-        self.channels_last = "to_channels_last" in tricks
         model = w.model_factory()
-        on = set(self.tricks)
-        if "remove_conv_bias_before_bn" in on:
-            _need("remove_conv_bias_before_bn_")(model)
         if not self.train:
             model.eval()
-        if "fuse_conv_bn" in on:
-            _need("fuse_conv_bn_")(model)
-        model.to(dev)
-        if self.channels_last:
-            _need("to_channels_last_")(model)
-        self.model = model
-        self.forward: Any = model
+        model.to(w.device)
+        setup = base_setup(w, model)
+        for name in self.tricks:  # in the hooks' order (with_requirements sorts by it)
+            hook = by_name(name).hook
+            if setup.example is None and hook.changes in ("model", "step"):
+                setup.example = self.prepare(w.example_batch(min(w.batch_size, 8))[0])
+            hook.apply(setup, prepared(w, name))
+        self.setup = setup
+        self.model = setup.model
+        self.channels_last = setup.channels_last
+        self.forward: Any = setup.forward if setup.forward is not None else setup.model
+        self.mp = setup.precision
+        self.switches = list(setup.switches)
         self.optimizer: Any = None
         if self.train:
-            if "fast_optimizer" in on:
-                self.optimizer = _need("fast_optimizer")(model.parameters(), "sgd", lr=LR, momentum=MOMENTUM)
-            else:
-                self.optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        self.mp = _need("mixed_precision")(dev, dtype="bf16") if "mixed_precision" in on else None
-        if "quantize" in on:
-            x, _ = w.example_batch(min(w.batch_size, 8))
-            # FX int8 without torch.compile: PT2E's int8 kernels need minutes of compilation on a CPU
-            self.forward = _need("quantize_")(model, self.prepare(x), compile=False, backend="fx")
-        if "compile" in on:
-            self.forward = _need("compile_")(model, for_inference=not self.train)
-        # process-wide switches are entered around every step, so interleaved variants do not leak into each other
-        self.switches = [_need(n) for n in ("enable_cudnn_benchmark", "enable_tf32") if n in on]
-        # the baseline loads as the user's loop does (w.num_workers); the trick raises it to loader_workers()
-        self.num_workers = max(w.num_workers, loader_workers()) if "loader_workers" in on else w.num_workers
-        pin = "pin_memory" in on
+            make = setup.make_optimizer or _optimizer(*setup.optimizer)
+            self.optimizer = make(self.model.parameters())
+        self.num_workers = int(setup.loader_kwargs.get("num_workers", 0))
         self._staged = batches  # batches held in memory: the step without its loader (the compute step)
-        self._loader = (
-            make_loader(w, self.num_workers, seed, pin_memory=pin) if loader and batches is None else None
-        )
+        self._loader = self._build_loader() if loader and batches is None else None
         self._it: Iterator[Any] | None = None
 
     # -- data
+
+    def _build_loader(self) -> Any:
+        s, w = self.setup, self.w
+        size = (w.input_size, w.width or w.input_size)
+        if s.loader == "ptt":
+            from pytorchtricks.tricks.data.make_loader import make_loader
+
+            kw = dict(s.loader_kwargs)
+            kw.setdefault("persistent_workers", False)  # workers live only while their variant is timed
+            loader: Any = make_loader(
+                s.dataset,
+                w.batch_size,
+                crop=size,
+                mode="train" if self.train else "eval",
+                seed=self.seed,
+                **kw,
+            )
+        elif w.data_kind == "files":
+            loader = user_loader(
+                w.source or "", w.batch_size, size, num_workers=self.num_workers, train=self.train,
+                seed=self.seed, channels=w.channels, persistent=False,
+            )  # fmt: skip
+        else:  # a pack or synthetic data, as the user reads it today: a plain DataLoader over the dataset
+            g = torch.Generator().manual_seed(self.seed)
+            loader = torch.utils.data.DataLoader(
+                w.dataset, batch_size=w.batch_size, shuffle=self.train, drop_last=self.train,
+                num_workers=self.num_workers, generator=g,
+            )  # fmt: skip
+        for wrap in s.device_loader:
+            loader = wrap(loader)
+        return loader
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._staged is not None:
@@ -148,25 +164,30 @@ class Runner:
             self._it = iter(self._loader)
         try:
             return next(self._it)  # type: ignore[no-any-return]
-        except StopIteration:  # non-persistent loaders: start the next epoch
+        except StopIteration:  # the next epoch
             self._it = iter(self._loader)
             return next(self._it)  # type: ignore[no-any-return]
 
-    def drain(self) -> None:
-        """Consume the batches workers prepared while other variants were being timed (untimed).
-
-        Worker processes keep filling their queue while the engine times other configurations; without this the
-        next timed block would start with free batches and overstate the loader's gain. After draining, the timed
-        block starts with an empty queue - if anything, understating it.
-        """
-        if self.num_workers > 0 and self._staged is None:
-            for _ in range(self.num_workers * PREFETCH_FACTOR):
+    def activate(self) -> None:
+        """Start this variant's loader workers and take one batch per worker (untimed) before a timed block."""
+        if self._staged is None and self._loader is not None and self._it is None:
+            for _ in range(max(1, self.num_workers)):
                 self.next_batch()
 
+    def deactivate(self) -> None:
+        """Stop this variant's loader workers while another variant is timed: idle workers refilling their
+        queues would take the cores from the variant being measured."""
+        if self._staged is None:
+            self._it = None
+
+    def drain(self) -> None:  # the engine's before_block hook for one variant
+        self.activate()
+
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW on the host -> normalised float on the device (the host->device stage)."""
-        x = x.to(self.w.device, non_blocking=True).float().sub_(self._mean).div_(self._std)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        """A batch of either road -> normalised float on the device, in the model's channels and memory format."""
+        if x.dtype == torch.uint8:
+            x = _channels(x, self.w.channels)
+        return normalize(x, self.w.device, channels_last=getattr(self, "channels_last", False))
 
     def autocast(self) -> Any:
         return self.mp.autocast() if self.mp is not None else contextlib.nullcontext()
@@ -217,21 +238,14 @@ class Runner:
         """Stop loader workers and drop the model (frees worker processes and memory)."""
         self._it = None
         self._loader = None
-        self.forward = self.model = self.optimizer = None  # type: ignore[assignment]
+        self.forward = self.model = self.optimizer = None
 
 
 def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``n`` batches of the in-process loader, held in memory: ``Runner(w, t, batches=...)`` then times
-    only the compute step (host->device, forward, backward, optimizer), without the loader's time and noise."""
-    return list(itertools.islice(iter(make_loader(w, 0)), n))
-
-
-def _need(name: str) -> Any:
-    fn = ptt_function(name)
-    if fn is None:
-        raise PttError(f"ptt.{name} is not available in this build; tune cannot apply it.")
-    return fn
-
-
-def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().float().cpu() for k, v in model.state_dict().items() if v.is_floating_point()}
+    """``n`` batches of the user's pipeline, read in-process and held in memory: ``Runner(w, t, batches=...)``
+    then times only the compute step (host->device, forward, backward, optimizer), without the loader."""
+    r = Runner(dataclasses.replace(w, num_workers=0), ())
+    try:
+        return [r.next_batch() for _ in range(n)]
+    finally:
+        r.close()

@@ -1,8 +1,11 @@
 """What ``tune`` measures: a model, a dataset of images, a batch size and an input size.
 
 ``build_workload`` turns the command-line strings into a ``Workload``: MODEL via ``bench.workloads.load_model``
-(or the built-in ResNet-18), DATA an image folder (``root/<class>/<image>``, or a flat folder of images),
-a ``ptt pack`` folder, ``synthetic`` (deterministic random images) or nothing (the built-in wallpaper set, see ``default_image_folder``).
+(or the built-in ResNet-18), DATA an image folder (``root/<class>/<image>``; an ImageNet-style root with
+``train/`` and ``val/`` is read through its train split), a ``ptt pack`` folder, ``synthetic`` (deterministic random
+images) or nothing (the built-in set of high-resolution photos, see ``default_image_folder``). The data is read by
+the library's own readers (``JpegFolder``, ``ShardDataset``): one data road, shared with the user's ``ptt`` calls;
+the user's pipeline (torchvision ImageFolder + PIL, the baseline) is built from the same folder (``tune.baseline``).
 Every failure raises ``PttError`` with one paragraph that names the problem and the fix, before anything is written.
 
 The input shape is the user's whole shape, channels included: ``--input-shape 1,28,28`` (C,H,W) for an MNIST-style
@@ -13,10 +16,7 @@ model; without it the channels come from the model (its first convolution's ``in
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,15 +27,12 @@ from torch import nn
 
 from pytorchtricks.core import PttError, require, resolve_device
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
 DEFAULT_BATCH_SIZE = 32
-# Folders the Debian wallpaper packages install into (lomiri-wallpapers, mate-backgrounds, plasma wallpapers).
-WALLPAPER_DIRS = ("/usr/share/backgrounds", "/usr/share/wallpapers")
-DEFAULT_CLASSES = 10
-DEFAULT_TILES_PER_CLASS = 32
-DEFAULT_TILE_PX = 96
+DEFAULT_PHOTOS = 256  # the built-in set: a few hundred camera-size photos (the seed's 10M, in miniature)
+DEFAULT_MIN_MP = 2.0
+DEFAULT_WORKERS = 2  # the baseline loader's workers when the user does not say (the common script's -j 2)
 # PIL modes by channel count: images are decoded straight to the channels the model takes
 PIL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 Size = int | tuple[int, int]  # a side, or (height, width)
@@ -57,104 +54,6 @@ def pil_mode(channels: int) -> str:
 # ----------------------------------------------------------------------------------------------- datasets
 
 
-def _decode(path: str, size: Size, channels: int = 3) -> torch.Tensor:
-    """Decode an image file to a uint8 CHW tensor of ``size`` (side, or (H, W)) with ``channels`` channels
-    (JPEG decoded at reduced DCT scale)."""
-    from PIL import Image
-
-    h, w = size_hw(size)
-    mode = pil_mode(channels)
-    with Image.open(path) as f:
-        f.draft(
-            mode if mode in ("L", "RGB") else "RGB", (w, h)
-        )  # JPEG: decode at 1/2..1/8 scale when it covers
-        im = f.convert(mode).resize((w, h), Image.Resampling.BILINEAR)
-    return _chw(im)
-
-
-def _chw(im: Any) -> torch.Tensor:
-    """A PIL image as a contiguous uint8 CHW tensor (gray images get their channel axis)."""
-    arr = np.asarray(im, dtype=np.uint8)
-    arr = arr[:, :, None] if arr.ndim == 2 else arr
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
-
-
-class ImageFolderData(torch.utils.data.Dataset):
-    """Map-style dataset over ``root/<class>/<image>`` (or a flat folder: one class): ``(uint8 CHW, label)``.
-
-    Paths are kept in one numpy array (not a Python list) so forked DataLoader workers do not copy pages.
-    """
-
-    def __init__(self, root: str, size: Size, channels: int = 3) -> None:
-        pil_mode(channels)
-        if not os.path.isdir(root):
-            raise PttError(
-                f"the data folder {root!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
-                "a folder of images, or `synthetic` for generated images."
-            )
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-        groups = [(c, os.path.join(root, c)) for c in classes] or [("images", root)]
-        paths: list[str] = []
-        labels: list[int] = []
-        for label, (_, folder) in enumerate(groups):
-            for dirpath, _, files in sorted(os.walk(folder)):
-                for f in sorted(files):
-                    if f.lower().endswith(IMAGE_EXTENSIONS):
-                        paths.append(os.path.join(dirpath, f))
-                        labels.append(label)
-        if not paths:
-            raise PttError(
-                f"the data folder {root!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}), so there is nothing to "
-                "load or measure. Put images in it as root/<class>/<image>.jpg (or directly in the folder), point "
-                "--data at a folder that has them, or use --data synthetic to measure with generated images."
-            )
-        self.root = root
-        self.size = size
-        self.channels = channels
-        self.classes = [c for c, _ in groups]
-        self._paths = np.array([p.encode() for p in paths])
-        self.labels = np.asarray(labels, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def path(self, i: int) -> str:
-        return self._paths[i].decode()
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return _decode(self.path(i), self.size, self.channels), int(self.labels[i])
-
-
-class ShardImages(torch.utils.data.Dataset):
-    """A ``ptt pack`` folder (ptt or lmdb format) read with ``ShardDataset``: ``(uint8 CHW, label)`` at ``size``."""
-
-    def __init__(self, path: str, size: Size, channels: int = 3) -> None:
-        from pytorchtricks.shards.dataset import ShardDataset
-
-        pil_mode(channels)
-        self.shards = ShardDataset(path)
-        self.source = path
-        self.size = size
-        self.channels = channels
-        self.classes = list(self.shards.classes) or ["images"]
-        if len(self.shards) == 0:
-            raise PttError(
-                f"the pack {path!r} holds no samples; pack a folder with images (`ptt pack SRC DST`)."
-            )
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
-        img, label, _ = self.shards[i]
-        h, w = size_hw(self.size)
-        im = Image.fromarray(np.asarray(img, dtype=np.uint8))
-        im = im if im.mode == pil_mode(self.channels) else im.convert(pil_mode(self.channels))
-        return _chw(im.resize((w, h), Image.Resampling.BILINEAR)), int(label)
-
-
 def _is_pack(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "manifest.json"))
 
@@ -165,6 +64,7 @@ class SyntheticImages(torch.utils.data.Dataset):
     def __init__(self, n: int, size: Size, num_classes: int = 10, seed: int = 0, channels: int = 3) -> None:
         self.n, self.size, self.seed, self.channels = n, size, seed, channels
         self.classes = [f"class{k}" for k in range(num_classes)]
+        self.labels = np.arange(n, dtype=np.int64) % num_classes
 
     def __len__(self) -> int:
         return self.n
@@ -186,94 +86,21 @@ def cache_root() -> str:
     return base
 
 
-def wallpaper_photos(limit: int = DEFAULT_CLASSES) -> list[str]:
-    """The first ``limit`` JPEG wallpaper photos installed by the Debian packages (sorted, so runs agree)."""
-    found: list[str] = []
-    for top in WALLPAPER_DIRS:
-        for dirpath, _, files in sorted(os.walk(top)):
-            for f in sorted(files):
-                if f.lower().endswith((".jpg", ".jpeg")):
-                    found.append(os.path.join(dirpath, f))
-    return sorted(found)[:limit]
-
-
-def _tiles_from_photo(path: str, n: int, px: int, rng: np.random.Generator) -> list[Any]:
-    from PIL import Image
-
-    with Image.open(path) as f:
-        f.draft("RGB", (512, 512))  # decode big photos at reduced scale: ~8x fewer pixels to decode
-        im: Any = f.convert("RGB")
-        scale = 384 / min(im.size)
-        im = im.resize((max(px, round(im.size[0] * scale)), max(px, round(im.size[1] * scale))))
-        out = []
-        for _ in range(n):
-            side = int(rng.integers(px, min(im.size) + 1))
-            x = int(rng.integers(0, im.size[0] - side + 1))
-            y = int(rng.integers(0, im.size[1] - side + 1))
-            out.append(im.crop((x, y, x + side, y + side)).resize((px, px), Image.Resampling.BILINEAR))
-    return out
-
-
-def _generated_tiles(k: int, n: int, px: int, rng: np.random.Generator) -> list[Any]:
-    """Class ``k``: smooth colour fields with a class-specific hue and stripe frequency, plus noise."""
-    from PIL import Image
-
-    yy, xx = np.mgrid[0:px, 0:px].astype(np.float32) / px
-    base = np.array([(k * 37) % 256, (k * 91) % 256, (k * 53) % 256], dtype=np.float32)
-    out = []
-    for _ in range(n):
-        phase = rng.uniform(0, 2 * np.pi)
-        wave = np.sin((k + 1) * 3.0 * (xx + yy) * np.pi + phase)[..., None]
-        img = base + 60 * wave + rng.normal(0, 12, (px, px, 3))
-        out.append(Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)))
-    return out
-
-
-def default_image_folder(
-    *,
-    classes: int = DEFAULT_CLASSES,
-    per_class: int = DEFAULT_TILES_PER_CLASS,
-    px: int = DEFAULT_TILE_PX,
-    root: str | None = None,
-) -> tuple[str, str]:
+def default_image_folder(*, count: int = DEFAULT_PHOTOS, root: str | None = None) -> tuple[str, str]:
     """Build (once, cached) the built-in image set; returns ``(folder, description)``.
 
-    One class per installed wallpaper photo, ``per_class`` random square crops of it saved as ``px`` JPEGs; without
-    the photos, deterministic generated images of the same layout. Written to a temp folder and renamed, so a
-    half-built set is never used.
+    The seed's case in miniature: ``count`` high-resolution photos (crops of at least ``DEFAULT_MIN_MP``
+    megapixels of the Debian wallpapers at native resolution, ``shards.photoset``), one class per source package.
     """
-    photos = wallpaper_photos(classes)
-    source = "photos" if len(photos) >= 2 else "generated"
-    key = hashlib.sha256(repr((source, photos, classes, per_class, px, 1)).encode()).hexdigest()[:12]
-    folder = os.path.join(root or cache_root(), f"tune-default-{key}")
-    n_classes = len(photos) if source == "photos" else classes
+    from pytorchtricks.shards.photoset import build_photo_set
+
+    folder = os.path.join(root or cache_root(), f"tune-photos-{count}-{DEFAULT_MIN_MP:g}mp")
+    summary = build_photo_set(folder, count, min_mp=DEFAULT_MIN_MP, workers=2)
+    size = sum(e.stat().st_size for d in os.scandir(folder) if d.is_dir() for e in os.scandir(d.path))
     desc = (
-        f"{n_classes * per_class} JPEG tiles ({px} px) cut from {n_classes} Debian wallpaper photos"
-        if source == "photos"
-        else f"{n_classes * per_class} generated JPEG images ({px} px, no wallpaper photos installed)"
+        f"{count} photos of >= {DEFAULT_MIN_MP:g} MP ({size / 1e6:.0f} MB of JPEG) cut at native resolution from "
+        f"{len(summary['sources'])} Debian wallpapers"
     )
-    if os.path.isdir(folder):
-        return folder, desc
-    os.makedirs(os.path.dirname(folder), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(folder))
-    try:
-        rng = np.random.default_rng(0)
-        for k in range(n_classes):
-            if source == "photos":
-                name = os.path.splitext(os.path.basename(photos[k]))[0][:40]
-                tiles = _tiles_from_photo(photos[k], per_class, px, rng)
-            else:
-                name, tiles = f"pattern{k:02d}", _generated_tiles(k, per_class, px, rng)
-            os.makedirs(os.path.join(tmp, f"{k:02d}_{name}"))
-            for j, tile in enumerate(tiles):
-                tile.save(os.path.join(tmp, f"{k:02d}_{name}", f"{j:04d}.jpg"), quality=90)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process built it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder, desc
 
 
@@ -286,7 +113,9 @@ class Workload:
 
     model_spec: str
     model_factory: Callable[[], nn.Module]  # a fresh copy with the same initial weights on every call
-    dataset: torch.utils.data.Dataset[Any]
+    dataset: (
+        Any  # what the library's loaders read: JpegFolder (files), ShardDataset (a pack), SyntheticImages
+    )
     data_desc: str
     num_outputs: int
     batch_size: int
@@ -296,7 +125,15 @@ class Workload:
     notes: list[str] = field(default_factory=list)
     channels: int = 3  # input channels the model takes (1: gray, 3: RGB)
     width: int | None = None  # the image width when it differs from ``input_size`` (None: square)
-    num_workers: int = 0  # loader worker processes the user's loop already uses: the baseline's
+    num_workers: int = DEFAULT_WORKERS  # loader worker processes the user's loop uses: the baseline's
+    data_kind: str = "files"  # "files" (an image folder), "pack" (a ptt pack) or "synthetic"
+    source: str | None = None  # the folder or pack path (None: synthetic)
+    labels: Any = None  # int64 label of every sample
+    files: list[str] | None = None  # the file of every sample (files and packs of files; None: synthetic)
+    optimizer: tuple[str, dict[str, Any]] = ("sgd", {"lr": 0.01, "momentum": 0.9})
+    # one-time builds shared by every configuration (a pack, a RAM cache, a loader sweep) and their seconds
+    prepared: dict[str, Any] = field(default_factory=dict)
+    prepare_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
@@ -312,10 +149,30 @@ class Workload:
         return "x".join(map(str, self.input_shape))
 
     def example_batch(self, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` (default: batch size) samples, collated: uint8 NCHW images and int64 labels."""
-        n = min(n or self.batch_size, len(self.dataset))  # type: ignore[arg-type]
-        items = [self.dataset[i] for i in range(n)]
-        return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.int64)
+        """The first ``n`` (default: batch size) samples in the evaluation geometry (resize, centre crop),
+        through the library's loader: uint8 NCHW images and int64 labels (the same on every call)."""
+        n = min(n or self.batch_size, len(self.dataset))
+        if self.data_kind == "synthetic":
+            items = [self.dataset[i] for i in range(n)]
+            return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.int64)
+        from pytorchtricks.tricks.data.make_loader import make_loader
+
+        crop = (self.input_size, self.width or self.input_size)
+        x, y = next(iter(make_loader(_First(self.dataset, n), n, crop=crop, mode="eval", num_workers=0)))
+        return _channels(x, self.channels), y
+
+
+class _First:
+    """The first ``n`` samples of a dataset that has ``read_raw`` (JpegFolder, ShardDataset)."""
+
+    def __init__(self, dataset: Any, n: int) -> None:
+        self.dataset, self.n = dataset, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read_raw(self, i: int) -> Any:
+        return self.dataset.read_raw(i)
 
 
 def model_in_channels(model: nn.Module) -> int | None:
@@ -424,21 +281,52 @@ def _resolve_shape(
     return bs, c, h, w, given
 
 
-def _dataset(data: str | None, size: tuple[int, int], channels: int, bs: int) -> tuple[Any, str]:
+def _dataset(
+    data: str | None, size: tuple[int, int], channels: int, bs: int
+) -> tuple[Any, str, str, str | None]:
+    """(dataset, description, kind, source) through the library's readers: JpegFolder, ShardDataset."""
+    from pytorchtricks.shards.dataset import ShardDataset
+    from pytorchtricks.tricks.data._folder import JpegFolder, split_folders
+
     h, w = size
     px = f"{h} px" if h == w else f"{h}x{w} px"
     px += "" if channels == 3 else f", {channels} channel(s)"
-    if data is None:
-        folder, desc = default_image_folder()
-        return ImageFolderData(folder, size, channels), f"built-in: {desc}, decoded and resized to {px}"
     if data == "synthetic":
         ds: Any = SyntheticImages(max(8 * bs, 64), size, channels=channels)
-        return ds, f"synthetic: {len(ds)} deterministic random uint8 images, {px}"
+        return ds, f"synthetic: {len(ds)} deterministic random uint8 images, {px}", "synthetic", None
+    if data is None:
+        folder, desc = default_image_folder()
+        return JpegFolder(folder), f"built-in: {desc}; crops of {px}", "files", folder
+    if not os.path.isdir(data):
+        raise PttError(
+            f"the data folder {data!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
+            "a ptt pack folder, or `synthetic` for generated images."
+        )
     if _is_pack(data):
-        ds = ShardImages(data, size, channels)
-        return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}"
-    ds = ImageFolderData(data, size, channels)
-    return ds, f"image folder {data}: {len(ds)} images in {len(ds.classes)} classes, {px}"
+        ds = ShardDataset(data)
+        if len(ds) == 0:
+            raise PttError(
+                f"the pack {data!r} holds no samples; pack a folder with images (`ptt pack SRC DST`)."
+            )
+        return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}", "pack", data
+    splits = split_folders(data)
+    note = ""
+    if splits:  # ROOT/train + ROOT/val: tune trains on the train split (the splits are not classes)
+        data, note = splits["train"], f" (the train split of {data}; splits {', '.join(splits)})"
+    try:
+        ds = JpegFolder(data)
+    except PttError as exc:
+        raise PttError(
+            f"the data folder {data!r} holds no images tune can read ({exc}). Put them in it as "
+            "root/<class>/<image>.jpg, point --data at a ptt pack, or use --data synthetic to measure with "
+            "generated images."
+        ) from exc
+    return (
+        ds,
+        f"image folder {data}{note}: {len(ds)} images in {len(ds.classes)} classes, {px}",
+        "files",
+        data,
+    )
 
 
 def build_workload(
@@ -448,7 +336,7 @@ def build_workload(
     batch_size: int | None = None,
     input_size: int | None = None,
     input_shape: str | tuple[int, ...] | None = None,
-    num_workers: int = 0,
+    num_workers: int = DEFAULT_WORKERS,
     for_: str = "train",
     device: str | None = "cpu",
     seed: int = 0,
@@ -477,7 +365,7 @@ def build_workload(
         torch.manual_seed(seed)
         base = _load_model_or_explain(spec)
     bs, channels, h, w, given = _resolve_shape(base, input_shape, input_size, batch_size)
-    dataset, data_desc = _dataset(data, (h, w), channels, bs)
+    dataset, data_desc, kind, source = _dataset(data, (h, w), channels, bs)
     notes: list[str] = []
     if len(dataset) < bs:
         notes.append(
@@ -490,7 +378,9 @@ def build_workload(
                 int(base.fc.in_features),  # type: ignore[union-attr,arg-type]
                 len(dataset.classes),
             )
-    probe_x = torch.stack([dataset[i % len(dataset)][0] for i in range(min(2, bs))])
+    w0 = Workload(spec, lambda: base, dataset, data_desc, 0, bs, h, for_, dev, channels=channels,
+                  width=None if w == h else w, data_kind=kind, source=source)  # fmt: skip
+    probe_x = _channels(w0.example_batch(min(2, bs))[0], channels)
     n_out = _probe(base, probe_x, spec, given, dev)
     base = base.cpu()
     if n_out < len(getattr(dataset, "classes", [])):
@@ -502,7 +392,25 @@ def build_workload(
     def factory() -> nn.Module:
         return copy.deepcopy(state)
 
+    files = (
+        [dataset.path(i) for i in range(len(dataset))] if callable(getattr(dataset, "path", None)) else None
+    )
+    from pytorchtricks.tune.datacheck import label_array
+
     return Workload(
         spec, factory, dataset, data_desc, n_out, bs, h, for_, dev, notes,
         channels=channels, width=None if w == h else w, num_workers=num_workers,
+        data_kind=kind, source=source, labels=label_array(dataset), files=files,
     )  # fmt: skip
+
+
+def _channels(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """uint8 RGB batches (what the library's decoders give) as the model's channels: gray by ITU-R 601 luma
+    (PIL's ``convert("L")``), other counts by repeating or cutting channels."""
+    if x.shape[1] == channels:
+        return x
+    if channels == 1 and x.shape[1] == 3:
+        wts = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(1, 3, 1, 1)
+        return (x.float() * wts).sum(1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+    reps = -(-channels // x.shape[1])
+    return x.repeat(1, reps, 1, 1)[:, :channels]

@@ -48,3 +48,14 @@ def test_misuse(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxscript", None)
     with pytest.raises(MissingExtraError, match=r"pytorchtricks\[infer\]"):
         ptt.export_onnx(nn.Linear(2, 2).eval(), torch.randn(1, 2), str(tmp_path / "b.onnx"))
+
+
+def test_onnx_runtime_failure_is_a_ptt_error(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytorchtricks.tricks.model import export_onnx as mod
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH")
+
+    monkeypatch.setattr(mod, "OnnxRunner", refuse)
+    with pytest.raises(PttError, match=r"ONNX Runtime cannot run.*INVALID_GRAPH"):
+        ptt.export_onnx(nn.Linear(2, 2).eval(), torch.randn(1, 2), str(tmp_path / "c.onnx"))

@@ -148,3 +148,28 @@ def test_bench_case_smoke() -> None:
         case = bench_case("smoke")
     assert case.check is not None
     case.check(case.baseline(), case.treated())
+
+
+class OneSharedPair(nn.Module):
+    """A folded pair next to a conv -> BN pair whose conv is called twice: that one stays, with a warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b1(self.c1(x))
+        return self.bn(self.conv(x)) + self.conv(x)
+
+
+def test_partly_shared_warns_naming_unshare_then_folds_everything_after_it() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(UserWarning, match=r"1 pair\(s\) unfolded .*bn.*ptt\.unshare_modules_"):
+        fused = _check_exact(OneSharedPair(), x)
+    assert _bns(fused) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the copied conv's weights are untied: fine for inference
+        model = ptt.unshare_modules_(randomize_bn_(OneSharedPair()).eval())
+    assert _bns(_check_exact(model, x)) == 0  # the second call site has its own conv now: every BN folds

@@ -1,4 +1,10 @@
-"""The oneDNN plan for PT2E int8 graphs: same results as the graph it replaces, safe in-place adds, clear refusals."""
+"""The oneDNN plan for PT2E int8 graphs: same results as the graph it replaces, safe in-place adds, clear refusals.
+
+"Same results" is measured against the graph's own rounding noise (``rounding_sqnr_db``): where the kernels cannot
+saturate (VNNI, or 7-bit activations without it) the plan differs from the graph only by rounding flips, at most
+twice the graph's rounding error in amplitude (6 dB). On a CPU without VNNI the graphs here are built as
+``quantize_`` builds them, with 7-bit activations (``int8_range``).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,12 @@ import pytorchtricks as ptt
 from pytorchtricks.analysis.safety import sqnr_db
 from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.tricks.model import _onednn_plan
-from pytorchtricks.tricks.model._onednn_plan import PlanUnsupported, build_plan, onednn_available
+from pytorchtricks.tricks.model._onednn_plan import (
+    PlanUnsupported,
+    build_plan,
+    onednn_available,
+    rounding_sqnr_db,
+)
 
 pytest.importorskip("torchao")
 needs_onednn = pytest.mark.skipif(
@@ -97,17 +108,32 @@ class Activations(nn.Module):
         return self.fc(self.drop(x))
 
 
-def _int8_graph(model: nn.Module, x: torch.Tensor) -> nn.Module:
-    from pytorchtricks.tricks.model.quantize import _static_int8
+def _int8_graph(model: nn.Module, x: torch.Tensor, reduce_range: bool | None = None) -> nn.Module:
+    """The PT2E int8 graph of ``model``; ``reduce_range=None``: as quantize_ decides on this CPU (no VNNI: on)."""
+    from pytorchtricks.tricks.model.quantize import _static_int8, int8_range
 
     model = randomize_bn_(model).eval()
     ptt.fuse_conv_bn_(model, x)
     g = torch.Generator().manual_seed(1)
     calib = [(torch.randn(x.shape, generator=g),) for _ in range(4)] + [(x,)]
-    return _static_int8(model, (x,), calib, "pt2e")
+    rr, _ = int8_range("pt2e", reduce_range)
+    return _static_int8(model, (x,), calib, "pt2e", reduce_range=rr)
+
+
+def _flat(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ([out] if isinstance(out, torch.Tensor) else out)])
+
+
+def _assert_agrees(graph: nn.Module, plan: _onednn_plan.OnednnPlan, y: torch.Tensor) -> None:
+    """The plan on ``y`` (not the build example) is within the mechanism's bound of the graph."""
+    with torch.no_grad():
+        ref, got = _flat(graph(y)), _flat(plan(y))
+    floor = min(rounding_sqnr_db(graph, (y,)) - 6.0, 100.0)
+    assert sqnr_db(ref, got) >= floor, (sqnr_db(ref, got), floor)
 
 
 @needs_onednn
+@pytest.mark.isa
 def test_plan_matches_the_int8_graph_on_a_resnet_like_net() -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
@@ -120,7 +146,7 @@ def test_plan_matches_the_int8_graph_on_a_resnet_like_net() -> None:
     with torch.no_grad():
         ref, got = graph(y), plan(y)
     assert got.shape == ref.shape and got.dtype == torch.float32
-    assert sqnr_db(ref, got) > 30  # same int8 graph; only rounding of a few intermediate values differs
+    _assert_agrees(graph, plan, y)  # same int8 graph; only rounding of a few intermediate values differs
     x_before = y.clone()
     again = plan(y)
     torch.testing.assert_close(y, x_before, rtol=0, atol=0)  # the caller's input is only read
@@ -135,6 +161,7 @@ def test_plan_matches_the_int8_graph_on_a_resnet_like_net() -> None:
 
 
 @needs_onednn
+@pytest.mark.isa
 def test_plan_lowers_mobilenet_style_activations_depthwise_and_pooling() -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
@@ -151,13 +178,12 @@ def test_plan_lowers_mobilenet_style_activations_depthwise_and_pooling() -> None
     ):
         assert part in lines, (part, lines)
     y = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        ref, got = graph(y), plan(y)
     # hardswish/SiLU/GELU run on true float values (output scale applied after them): same result as the graph
-    assert sqnr_db(ref, got) > 30
+    _assert_agrees(graph, plan, y)
 
 
 @needs_onednn
+@pytest.mark.isa
 def test_plan_copies_a_residual_that_is_read_after_the_add() -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 3, 16, 16)
@@ -166,10 +192,48 @@ def test_plan_copies_a_residual_that_is_read_after_the_add() -> None:
     assert "copy residual" in plan.primitives
     y = torch.randn(1, 3, 16, 16)
     with torch.no_grad():
-        ref, got = graph(y), plan(y)
+        got = plan(y)
     assert isinstance(got, tuple) and len(got) == 2
-    for r, g in zip(ref, got, strict=True):
-        assert sqnr_db(r, g) > 30
+    _assert_agrees(graph, plan, y)
+
+
+class ConvRelu6(nn.Module):
+    """conv -> ReLU6 -> conv: with 7-bit activations the ReLU6's clip and the range clip are two clips in one
+    primitive (oneDNN 2.x keeps one injector per algorithm: the range clip must be another algorithm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.act, self.head = nn.Conv2d(8, 16, 3, padding=1), nn.ReLU6(), nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.act(self.conv(x)))
+
+
+@needs_onednn
+@pytest.mark.parametrize("model", [ConvRelu6, Activations], ids=["relu6", "activations"])
+def test_plan_keeps_7bit_activations_in_range_beyond_the_calibration(model: type[nn.Module]) -> None:
+    torch.manual_seed(0)
+    shape = (2, 8, 16, 16) if model is ConvRelu6 else (2, 3, 32, 32)
+    x = torch.randn(shape)
+    graph = _int8_graph(model(), x, reduce_range=True)  # 0..127 on every CPU class
+    y = x * 3  # far beyond the calibrated range: the graph clamps at 127, the plan must too
+    plan = build_plan(graph, (y,))
+    _assert_agrees(graph, plan, y)
+    if model is Activations:  # the average pool's output is requantized into 0..127: a clamp follows it
+        assert "clamp to 0..127" in plan.primitives
+
+
+@needs_onednn
+def test_plan_refuses_8bit_activations_on_a_cpu_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytorchtricks import hardware
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    graph = _int8_graph(ResNetLike(), x, reduce_range=False)
+    zen3 = hardware.caps_from("AMD EPYC (Zen 3)", {"avx2", "fma"}, {})
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: zen3)
+    with pytest.raises(PlanUnsupported, match=r"without VNNI.*saturate.*reduce_range=True"):
+        build_plan(graph, (x,))
 
 
 @needs_onednn
@@ -195,6 +259,7 @@ def test_missing_library_says_how_to_install(monkeypatch) -> None:
 
 @needs_onednn
 @pytest.mark.slow
+@pytest.mark.isa
 def test_quantize_onednn_runs_the_plan_per_thread_count_and_falls_back_for_other_shapes() -> None:
     torch.manual_seed(0)
     model = randomize_bn_(ResNetLike()).eval()
@@ -211,9 +276,9 @@ def test_quantize_onednn_runs_the_plan_per_thread_count_and_falls_back_for_other
     finally:
         torch.set_num_threads(threads)
     with torch.no_grad():
-        assert sqnr_db(ref(x), got) > 30
+        assert sqnr_db(ref(x), got) >= rounding_sqnr_db(ref.inner, (x,)) - 6.0  # the plan vs its graph
         y = torch.randn(3, 3, 32, 32)  # no plan for this shape: the compiled int8 graph runs it
-        assert sqnr_db(ref(y), q(y)) > 30
+        assert sqnr_db(ref(y), q(y)) > 30  # other kernels (Inductor's do not clamp a 7-bit qmax)
     assert set(q.plans) == {threads, 1}
 
 
@@ -233,6 +298,7 @@ def test_quantize_onednn_without_the_library_warns_and_keeps_the_compiled_path(m
 
 @needs_onednn
 @pytest.mark.slow
+@pytest.mark.isa
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
 def test_plan_builds_for_torchvision_models(name: str) -> None:
     torchvision = pytest.importorskip("torchvision")
@@ -243,9 +309,7 @@ def test_plan_builds_for_torchvision_models(name: str) -> None:
     graph = _int8_graph(model, x)
     plan = build_plan(graph, (x,))
     assert plan.primitives[-1] == "linear -> float32"
-    y = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        assert sqnr_db(graph(y), plan(y)) > 30
+    _assert_agrees(graph, plan, torch.randn(1, 3, 64, 64))
 
 
 def test_quantize_onednn_with_the_fx_backend_says_it_has_no_plan() -> None:

@@ -126,3 +126,28 @@ def test_slimming_and_unstructured_and_misuse() -> None:
         ptt.prune_channels_(nn.Linear(2, 2), 1.0)
     with pytest.raises(PttError, match="criterion"):
         ptt.prune_channels_(nn.Linear(2, 2), 0.5, criterion="random")
+
+
+class SharedConvNet(nn.Module):
+    """``mid`` is called twice (its input and output channels are one group) and one ReLU serves every layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.mid = nn.Conv2d(16, 16, 3, padding=1)
+        self.wide, self.head = nn.Conv2d(16, 32, 1), nn.Conv2d(32, 4, 1)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.mid(self.relu(self.mid(self.relu(self.bn(self.stem(x)))))))
+        return self.head(self.relu(self.wide(x)))
+
+
+def test_reused_modules_are_left_whole_and_the_rest_is_pruned() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(SharedConvNet()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    pruned = ptt.prune_channels_(copy.deepcopy(model), 0.5)
+    assert pruned.mid.weight.shape == (16, 16, 3, 3) and pruned.stem.out_channels == 16  # the reused conv
+    assert pruned.wide.out_channels == 16 and pruned.head.in_channels == 16  # a shared ReLU ties nothing
+    assert pruned(x).shape == model(x).shape

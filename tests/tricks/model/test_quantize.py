@@ -153,3 +153,125 @@ def test_misuse_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantize_pt2e", None)
     with pytest.raises(MissingExtraError, match=r"pytorchtricks\[infer\]"):
         ptt.quantize_(model.eval(), x, backend="pt2e", compile=False)
+
+
+ZEN3 = ("AMD EPYC 7763 (Zen 3)", {"avx2", "fma"})
+ZEN4 = ("AMD EPYC 9654 (Zen 4)", {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"})
+
+
+def _as_cpu(
+    monkeypatch: pytest.MonkeyPatch, cpu: tuple[str, set[str]], env: dict[str, str] | None = None
+) -> None:
+    from pytorchtricks import hardware
+
+    caps = hardware.caps_from(cpu[0], cpu[1], env or {})
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: caps)
+
+
+def _activation_qmax(graph: nn.Module) -> set[int]:
+    q = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    return {int(n.args[4]) for n in graph.graph.nodes if n.target == q}
+
+
+def test_int8_range_is_decided_by_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytorchtricks.tricks.model.quantize import int8_range
+
+    _as_cpu(monkeypatch, ZEN3)
+    rr, why = int8_range("pt2e")
+    assert rr and "no VNNI" in why
+    _as_cpu(monkeypatch, ZEN4)
+    assert int8_range("pt2e")[0] is False
+    assert int8_range("pt2e", reduce_range=True)[0] is True  # asked for: e.g. to deploy on an AVX2 box
+    assert int8_range("fx")[0] is True  # PyTorch's x86 FX qconfig reduces everywhere (FBGEMM int16 sums)
+    _as_cpu(monkeypatch, ZEN4, {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert int8_range("pt2e")[0] is True  # limited to AVX2, a Zen 4 box runs the AVX2 kernels
+
+
+def test_pt2e_graph_gets_7bit_activations_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    for cpu, qmax in ((ZEN3, 127), (ZEN4, 255)):
+        _as_cpu(monkeypatch, cpu)
+        q = ptt.quantize_(copy.deepcopy(model), x, compile=False)
+        assert q.reduce_range is (qmax == 127) and _activation_qmax(q.inner) == {qmax}
+        assert q.reduce_range_reason.startswith("reduce_range: ") and q.ptt_safety_report.sqnr_db > 20
+    assert "no VNNI" not in q.reduce_range_reason
+
+
+def test_fx_qconfig_carries_the_decision() -> None:
+    from pytorchtricks.tricks.model.quantize import _fx_qconfig_mapping
+
+    for rr in (True, False):
+        mapping = _fx_qconfig_mapping(rr)
+        assert mapping.global_qconfig.activation().reduce_range is rr
+        convt = mapping.object_type_qconfigs[nn.ConvTranspose2d]
+        assert convt.activation().reduce_range is rr
+
+
+class SharedRelu(nn.Module):
+    """torchvision's BasicBlock pattern: one ReLU instance called after two convs (PT2E's quantizer refuses it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_reused_modules_are_unshared_on_a_working_copy_and_the_model_is_left_alone() -> None:
+    torch.manual_seed(0)
+    model = randomize_bn_(SharedRelu()).eval()
+    x = torch.randn(4, 3, 16, 16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = model(x)
+    q = ptt.quantize_(model, x, compile=False)
+    assert q.ptt_safety_report.sqnr_db > 20
+    assert type(model) is SharedRelu and not any("_site" in n for n, _ in model.named_modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
+
+
+def test_third_party_failures_become_ptt_errors_that_say_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchao.quantization.pt2e.quantize_pt2e as pt2e
+
+    def refuse(*_a, **_k):
+        raise ValueError("Input partition has more than one output node")
+
+    monkeypatch.setattr(pt2e, "prepare_pt2e", refuse)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    with pytest.raises(PttError, match=r"(?s)more than one output node.*unshare_modules_.*backend='fx'"):
+        ptt.quantize_(model, torch.randn(2, 3, 16, 16), compile=False)
+    with pytest.raises(PttError, match="takes the graph"):
+        ptt.quantize_(model, torch.randn(2, 3, 16, 16), "qat_convert", compile=False)
+
+
+@pytest.mark.slow
+@pytest.mark.isa
+def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> None:
+    """The README's line works as written; calibrated on real photos, int8 keeps >= 30 dB on other photos.
+
+    By mechanism on both CPU classes: with VNNI the int8 sums are exact in int32; without, reduce_range keeps the
+    AVX2 pair sums inside int16 (8-bit activations there lose 1-5 dB to saturation on this net).
+    """
+    torchvision = pytest.importorskip("torchvision")
+    from pytorchtricks.analysis.safety import sqnr_db
+    from pytorchtricks.hardware import cpu_caps
+
+    torch.manual_seed(0)
+    q = ptt.quantize_(torchvision.models.resnet18().eval(), (torch.randn(8, 3, 160, 160),))
+    assert q.backend == "pt2e" and q.ptt_safety_report.ok and q.reduce_range is not cpu_caps().vnni
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    calib, held = photos_160[:5], photos_160[5:]
+    q = ptt.quantize_(model, calib[0], calibration=calib)
+    with torch.no_grad():
+        ref = torch.cat([model(x) for x in held])
+        got = torch.cat([q(x) for x in held])
+    assert sqnr_db(ref, got) >= 30.0, (sqnr_db(ref, got), q.reduce_range_reason)

@@ -95,3 +95,11 @@ def test_dorefa_w4a4_qat_fashion_mnist_within_2_points(fmnist) -> None:
     train(student, fmnist.train_x, fmnist.train_y, epochs=1.0, lr=0.05, batch_size=256)
     acc = evaluate(student, fmnist.test_x, fmnist.test_y)
     assert fmnist.fp32_acc - acc <= 2.0, (fmnist.fp32_acc, acc)
+
+
+def test_a_reused_layer_is_converted_once() -> None:
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), conv, nn.ReLU(), conv, nn.Conv2d(4, 2, 1))
+    ptt.quantize_lowbit_(net, 4, 4)
+    assert type(net[1]).__name__ == "LowBitConv2d" and net[1] is net[3]  # one module, one conversion
+    assert net(torch.randn(1, 3, 8, 8)).shape == (1, 2, 8, 8)

@@ -95,3 +95,29 @@ def test_after_fuse_conv_bn_still_exact() -> None:
     ptt.reparameterize_(net, x)
     with torch.no_grad():
         torch.testing.assert_close(net(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reused_block_converts_once_and_stays_exact() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = ptt.RepVGGBlock(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(self.block(x))  # one instance at two call sites: both see the deploy form
+
+    torch.manual_seed(0)
+    net = _exact(Twice(), torch.randn(2, 8, 8, 8))
+    assert type(net.block.reparam).__name__ == "Conv2d"
+
+
+def test_a_failing_foreign_block_raises_ptt_error() -> None:
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def switch_to_deploy(self) -> None:
+            raise KeyError("rbr_dense")
+
+    with pytest.raises(PttError, match=r"Broken\.switch_to_deploy\(\) failed \(KeyError"):
+        ptt.reparameterize_(nn.Sequential(Broken()).eval())

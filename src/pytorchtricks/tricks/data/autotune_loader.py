@@ -44,7 +44,7 @@ def _tune_applies(facts: TuneFacts) -> str | None:
 def _tune_prepare(setup: TuneSetup) -> dict[str, Any]:
     try:  # the loader's own settings; the RAM cache is a candidate of its own (cache_in_ram)
         res = autotune_loader(
-            setup.dataset, setup.batch_size, crop=setup.input_size, cache=(False,), budget_s=20
+            setup.dataset, setup.batch_size, crop=setup.input_size, cache=(False,), budget_s=10
         )
     except PttError as exc:
         raise TuneSkip(str(exc)) from exc
@@ -63,7 +63,7 @@ TUNE = TuneHook(
     apply=_tune_apply,
     applies=_tune_applies,
     prepare=_tune_prepare,
-    order=105,
+    order=110,
     requires=("make_loader",),
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
 )
@@ -176,7 +176,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
 
     n = 16 if size == "smoke" else 64
     data = _photo_bytes(n * 4, (120, 160))
-    tuned = autotune_loader(data, n, crop=64, workers=(0, 1), cache=(False,), budget_s=20, batches=2)
+    tuned = autotune_loader(data, n, crop=64, workers=(0, 1), cache=(False,), budget_s=10, batches=2)
     base = make_loader(data, n, crop=64, num_workers=0)
     treat = tuned.loader(n)
     return BenchCase(

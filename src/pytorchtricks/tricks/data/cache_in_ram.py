@@ -80,7 +80,7 @@ TUNE = TuneHook(
     applies=_tune_applies,
     prepare=_tune_prepare,
     cost="cache",
-    order=110,
+    order=100,
     requires=("make_loader",),
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
 )

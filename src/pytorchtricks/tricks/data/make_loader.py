@@ -58,7 +58,7 @@ TUNE = TuneHook(
     "  # uint8 batches: normalise on the device",
     apply=_tune_apply,
     applies=_tune_applies,
-    order=100,
+    order=105,
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
 )
 

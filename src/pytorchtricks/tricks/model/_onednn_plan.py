@@ -10,8 +10,10 @@ loaded with ctypes through its C API - PyTorch's own copy of oneDNN does not exp
 Supported ops (anything else raises ``PlanUnsupported`` and the caller keeps its compiled path): input quantize,
 conv2d (+ add of a quantized tensor) (+ relu / relu6-hardtanh / hardswish / silu / gelu, before or after the add)
 with uint8 or float output, grouped and depthwise convs, linear (+ the same activations), max_pool2d, global mean,
-adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, inference dropout, output dequantize. Activations are uint8
-(per-tensor scale and zero point), weights int8 symmetric per output channel - what the x86 PT2E quantizer makes.
+adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, inference dropout, output dequantize.
+Activations are uint8 (per-tensor scale and zero point; 0..255, or 0..127 with ``reduce_range``), weights int8
+symmetric per output channel - what the x86 PT2E quantizer makes. Without VNNI only 7-bit activations are lowered:
+the AVX2 kernels' int16 pair sums saturate on 8-bit ones (``saturation_risk``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["OnednnPlan", "PlanUnsupported", "build_plan", "onednn_available"]
+__all__ = [
+    "OnednnPlan",
+    "PlanUnsupported",
+    "build_plan",
+    "onednn_available",
+    "rounding_sqnr_db",
+    "saturation_risk",
+]
 
 # oneDNN 2.x C API constants (dnnl_types.h; stable across 2.x)
 F32, S32, S8, U8 = 3, 4, 5, 6
@@ -40,7 +49,7 @@ ELTWISE_RELU, ELTWISE_CLIP, ELTWISE_HARDSWISH, ELTWISE_SWISH, ELTWISE_GELU_ERF, 
     48,
     207,
 )
-ELTWISE_LINEAR = 127
+ELTWISE_LINEAR, ELTWISE_CLIP_V2 = 127, 16  # clip_v2: the 7-bit range clip (see _fused)
 QUERY_WEIGHTS_MD, QUERY_IMPL_INFO_STR = 131, 8
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 17, 33, 41
 ENGINE_CPU, STREAM_DEFAULT = 1, 1
@@ -162,6 +171,7 @@ class _QValue:
     node: Any  # the quantize node that defines it
     view_of: _QValue | None = None
     views: list[_QValue] = field(default_factory=list)
+    qmax: int = 255  # 127 with reduce_range: every value the plan writes into buf stays in 0..qmax
 
 
 @dataclass
@@ -227,7 +237,8 @@ class OnednnPlan:
         self._owned: list[tuple[str, int]] = []  # (destroy function, handle)
         self._keep: list[Any] = []  # tensors and ctypes arrays the primitives point into
         self._steps: list[tuple[int, int, Any]] = []
-        self._inputs: list[tuple[int, int, tuple[int, ...]]] = []  # (graph input index, memory, shape)
+        # (graph input index, memory, shape, clamp): inputs above clamp would quantize past a 7-bit qmax
+        self._inputs: list[tuple[int, int, tuple[int, ...], float | None]] = []
         self.n_inputs = 0
         self._outputs: list[_Output] = []
         self._out_kind: type | None = None
@@ -382,9 +393,9 @@ class OnednnPlan:
             return (dims[1], 1)
         raise PlanUnsupported(f"activations of rank {len(dims)} (only 4-D NCHW and 2-D)")
 
-    def new_q(self, dims: tuple[int, ...], scale: float, zp: int, node: Any) -> _QValue:
+    def new_q(self, dims: tuple[int, ...], scale: float, zp: int, node: Any, qmax: int = 255) -> _QValue:
         buf = torch.empty(int(torch.Size(dims).numel()), dtype=torch.uint8)
-        return _QValue(buf, dims, scale, zp, node)
+        return _QValue(buf, dims, scale, zp, node, qmax=qmax)
 
     def act_memory(self, q: _QValue) -> int:
         return self._memory(self._md(q.dims, U8, self._act_strides(q.dims)), q.buf)
@@ -396,7 +407,10 @@ class OnednnPlan:
         contiguous = tuple(int(s) for s in torch.empty(src.dims).stride())
         src_md = self._md(src.dims, F32, contiguous)
         mem = self._memory(src_md, None)
-        self._inputs.append((src.index, mem, src.dims))
+        # the reorder saturates at 255 only: a 7-bit qmax is a clamp of the float input first (a quarter step
+        # above the top value, so nothing that rounds below it moves)
+        clamp = (q.qmax - q.zero_point + 0.25) * q.scale if q.qmax < 255 else None
+        self._inputs.append((src.index, mem, src.dims, clamp))
         attr = self._attr(torch.tensor([1.0 / q.scale]), 0, dst_zp=q.zero_point)
         dst_md = self._md(q.dims, U8, self._act_strides(q.dims))
         prim = self._reorder(src_md, dst_md, attr, "the input quantize reorder")
@@ -410,6 +424,12 @@ class OnednnPlan:
         )
         prim = self._reorder(md, md, attr, "a requantize reorder")
         self._step(prim, [(ARG_SRC, self.act_memory(src)), (ARG_DST, self.act_memory(dst))], "requantize")
+        # a reorder saturates at 255 only: where src's range maps past a 7-bit qmax, clamp (pooled maps are small)
+        top = round((src.qmax - src.zero_point) * src.scale / dst.scale) + dst.zero_point
+        if dst.qmax < 255 and top > dst.qmax:
+            buf, qmax = dst.buf, dst.qmax
+            self._steps.append((0, 0, lambda: buf.clamp_(max=qmax)))
+            self.primitives.append(f"clamp to 0..{qmax}")
 
     def copy(self, src: _QValue, dst: _QValue) -> None:
         md = self._md(src.dims, U8, self._act_strides(src.dims))
@@ -530,6 +550,14 @@ class OnednnPlan:
                 post.append(("eltwise", *op[2:]))  # only ReLUs are folded, so alpha/beta stay in float units
         if not fold and out_scale != 1.0:
             post.append(("eltwise", ELTWISE_LINEAR, 1.0 / out_scale, 0.0))
+        if out is not None and out.qmax < 255:  # the u8 conversion saturates at 255: clip to the 7-bit range
+            # clip_v2, not clip: oneDNN 2.x keeps one eltwise injector per algorithm in a primitive, so a second
+            # clip would run with the first one's bounds (a ReLU6's 0..6)
+            lo, hi = float(-out.zero_point), float(out.qmax - out.zero_point)
+            post.append(("eltwise", ELTWISE_CLIP_V2, lo, hi))
+        algs = [op[1:] for op in post if op[0] == "eltwise"]
+        if len({a[0] for a in algs}) != len(set(algs)):
+            raise PlanUnsupported(f"{p.node.name}: two {name} post-ops of one kind with other parameters")
         attr = self._attr(
             scales, 2, src_zp=src_zp, dst_zp=out.zero_point if out is not None else 0, post=post
         )
@@ -605,11 +633,12 @@ class OnednnPlan:
         lib, stream = self._lib, self._stream
         keep = []
         with self._lock:
-            for index, mem, shape in self._inputs:
+            for index, mem, shape, clamp in self._inputs:
                 a = args[index]
                 if tuple(a.shape) != shape:
                     raise ValueError(f"the plan was built for inputs of shape {shape}, got {tuple(a.shape)}")
-                a = a.detach().to(torch.float32).contiguous()
+                a = a.detach().to(torch.float32)
+                a = a.contiguous() if clamp is None else a.clamp(max=clamp).contiguous()
                 keep.append(a)
                 lib.dnnl_memory_set_data_handle(mem, a.data_ptr())
             outs = [torch.empty_strided(o.shape, o.strides) for o in self._outputs]
@@ -617,6 +646,10 @@ class OnednnPlan:
                 lib.dnnl_memory_set_data_handle(o.memory, t.data_ptr())
             execute = lib.dnnl_primitive_execute
             for prim, n, arr in self._steps:
+                if not prim:  # a torch step on a plan buffer, once the primitives before it have finished
+                    lib.dnnl_stream_wait(stream)
+                    arr()
+                    continue
                 status = execute(prim, stream, n, arr)
                 if status:
                     raise RuntimeError(f"oneDNN primitive failed (dnnl_status {status})")
@@ -631,6 +664,32 @@ class OnednnPlan:
 def _qparams(node: Any) -> tuple[float, int, int, int, Any]:
     scale, zp, qmin, qmax, dtype = node.args[1:6]
     return float(scale), int(zp), int(qmin), int(qmax), dtype
+
+
+def _act_qparams(node: Any) -> tuple[float, int, int]:
+    """(scale, zero point, qmax) of a uint8 activation quantize: 0..255, or 0..127 with reduce_range."""
+    scale, zp, qmin, qmax, dtype = _qparams(node)
+    if dtype != torch.uint8 or qmin != 0 or not 0 < qmax <= 255 or not 0 <= zp <= qmax:
+        raise PlanUnsupported(f"{node.name}: activations quantized to {dtype} [{qmin}, {qmax}] (uint8 only)")
+    return scale, zp, qmax
+
+
+def saturation_risk(qmax: int) -> str | None:
+    """Why this CPU's u8 x s8 kernels cannot compute int8 activations in 0..qmax exactly; None when they can.
+
+    Without VNNI (``cpu_caps().vnni``) oneDNN's AVX2 int8 kernels multiply with ``vpmaddubsw``, which adds each pair
+    of u8 x s8 products into int16 with saturation: exact while 2 * qmax * 128 <= 32767, i.e. qmax <= 127.
+    """
+    from pytorchtricks.hardware import cpu_caps
+
+    caps = cpu_caps()
+    if caps.vnni or 2 * qmax * 128 <= 32767:
+        return None
+    return (
+        f"activations in 0..{qmax} on a CPU without VNNI ({caps.cpu_class}): oneDNN's AVX2 u8 x s8 kernels add "
+        f"pairs of products into int16 and saturate (2 x {qmax} x 128 > 32767), so the plan would not compute "
+        "the int8 graph; quantize with reduce_range=True (quantize_'s default on this CPU)"
+    )
 
 
 def _attr_of(gm: Any, target: str) -> Any:
@@ -669,11 +728,39 @@ def _pool_params(kind: str, node: Any, src: _QValue) -> tuple[dict[str, Any], tu
     return params, (n, c, oh, ow)
 
 
-def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) -> OnednnPlan:
+def rounding_sqnr_db(gm: Any, example: tuple[Any, ...]) -> float:
+    """SQNR of the int8 graph's outputs against the same graph with its activation rounding taken out.
+
+    Every activation quantize/dequantize pair becomes the identity (weights stay int8): what remains is the noise
+    the int8 activations themselves add, the yardstick for how far two faithful evaluations of the graph can differ.
+    """
+    from pytorchtricks.analysis.safety import sqnr_db
+
+    qd = torch.ops.quantized_decomposed
+    act_ops = (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)
+
+    class _Unrounded(torch.fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if target in act_ops and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                return args[0]
+            return super().call_function(target, args, kwargs)
+
+    with torch.no_grad():
+        rounded, unrounded = gm(*example), _Unrounded(gm).run(*example)
+    return float(sqnr_db(_flat(unrounded), _flat(rounded)))
+
+
+def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None = None) -> OnednnPlan:
     """Lower a converted PT2E int8 graph module to a ``OnednnPlan`` for ``example``'s shapes.
 
-    The plan is checked against the graph it replaces on ``example`` (SQNR >= ``min_sqnr_db``; the two differ only
-    by rounding). Raises ``PlanUnsupported`` naming the first node it cannot lower, or the failed check.
+    The plan is checked against the graph it replaces on ``example``. Where the kernels can represent every sum
+    (VNNI, or 7-bit activations: ``saturation_risk``, refused otherwise) the two compute the same integers and
+    differ only where float32 rounding of a scale puts a value on the other side of a rounding step (one step, on
+    one element in 10^4 or fewer); through a deep net such flips spread until the plan is at worst another rounding of
+    the same values. Its distance from the graph is then at most its own rounding error plus the graph's (triangle
+    inequality): twice the graph's in amplitude, so the default floor is 6 dB below ``rounding_sqnr_db`` - a floor
+    set by the int8 step sizes of this graph, not by a machine. ``min_sqnr_db`` sets a floor instead. Raises
+    ``PlanUnsupported`` naming the first node it cannot lower, or the failed check.
     """
     from pytorchtricks.analysis.safety import sqnr_db
 
@@ -760,27 +847,26 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
     def finish(p: _Pending, qnode: Any | None) -> Any:
         """Materialise a pending op: into a uint8 value (quantize node) or a float32 graph output."""
         if qnode is not None:
-            scale, zp, qmin, qmax, dtype = _qparams(qnode)
-            if dtype != torch.uint8 or (qmin, qmax) != (0, 255):
-                raise PlanUnsupported(
-                    f"{qnode.name}: activations quantized to {dtype} [{qmin}, {qmax}] (uint8 only)"
-                )
+            scale, zp, qmax = _act_qparams(qnode)
             dims = shape(qnode)
-            same = (scale, zp) == (p.src.scale, p.src.zero_point)
+            # same parameters and a range that holds the source's: the values pass through unchanged
+            same = (scale, zp) == (p.src.scale, p.src.zero_point) and p.src.qmax <= qmax
             if p.kind == "flatten":
-                view = _QValue(p.src.buf, dims, p.src.scale, p.src.zero_point, qnode, view_of=p.src)
+                view = _QValue(
+                    p.src.buf, dims, p.src.scale, p.src.zero_point, qnode, view_of=p.src, qmax=p.src.qmax
+                )
                 p.src.views.append(view)
                 if same:
                     return view
-                out = plan.new_q(dims, scale, zp, qnode)
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
                 plan.requantize(view, out)
                 return out
             if p.kind in ("maxpool", "avgpool"):  # both commute with the affine int8 <-> float map
-                pooled = plan.new_q(dims, p.src.scale, p.src.zero_point, qnode)
+                pooled = plan.new_q(dims, p.src.scale, p.src.zero_point, qnode, p.src.qmax)
                 plan.pool(p, pooled)
                 if same:
                     return pooled
-                out = plan.new_q(dims, scale, zp, qnode)
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
                 plan.requantize(pooled, out)
                 return out
             if len(p.tail.users) != 1:
@@ -794,12 +880,12 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
                     and res.buf is not p.src.buf
                     and not read_after(res, here)
                 ):
-                    out = _QValue(res.buf, dims, scale, zp, qnode)  # the sum post-op adds in place
+                    out = _QValue(res.buf, dims, scale, zp, qnode, qmax=qmax)  # the sum post-op adds in place
                 else:
-                    out = plan.new_q(dims, scale, zp, qnode)
+                    out = plan.new_q(dims, scale, zp, qnode, qmax)
                     plan.copy(res, out)
             else:
-                out = plan.new_q(dims, scale, zp, qnode)
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
             (plan.conv if p.kind == "conv" else plan.linear)(p, out, None)
             return out
         if p.kind not in ("conv", "linear") or p.add is not None:
@@ -822,10 +908,8 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
             if t == qd.quantize_per_tensor.default:
                 src = env[args[0]]
                 if isinstance(src, _FloatIn):
-                    scale, zp, qmin, qmax, dtype = _qparams(node)
-                    if dtype != torch.uint8 or (qmin, qmax) != (0, 255):
-                        raise PlanUnsupported(f"{node.name}: input quantized to {dtype}")
-                    q = plan.new_q(shape(node), scale, zp, node)
+                    scale, zp, qmax = _act_qparams(node)
+                    q = plan.new_q(shape(node), scale, zp, node, qmax)
                     plan.quantize_input(src, q)
                     env[node] = q
                 else:
@@ -844,6 +928,9 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
                 env[node] = _Weight(w.detach(), torch.as_tensor(scales).detach().float().reshape(-1))
             elif t in (aten.conv2d.default, aten.linear.default):
                 x = need(env[args[0]], _DQ, node).q
+                risk = saturation_risk(x.qmax)
+                if risk is not None:
+                    raise PlanUnsupported(f"{node.name}: {risk}")
                 w = need(env[args[1]], _Weight, node)
                 bias = env.get(args[2]) if len(args) > 2 and args[2] is not None else None
                 if bias is not None and not isinstance(bias, torch.Tensor):
@@ -945,17 +1032,29 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float = 30.0) 
             raise PlanUnsupported(f"{n.name}: a result that nothing uses")
     plan._out_kind = torch.Tensor if isinstance(ref, torch.Tensor) else type(ref)
     got = plan(*example)
-    for r, g in zip(refs, [got] if isinstance(got, torch.Tensor) else got, strict=True):
+    if min_sqnr_db is None:  # two float32 evaluations of one graph agree to ~1e-6 (>= 100 dB) at best
+        floor, why = min(rounding_sqnr_db(gm, example) - 6.0, 100.0), "the graph's own rounding noise - 6 dB"
+    else:
+        floor, why = min_sqnr_db, "the floor asked for"
+    gots = [got] if isinstance(got, torch.Tensor) else list(got)
+    for r, g in zip(refs, gots, strict=True):
         if r.shape != g.shape:
             raise PlanUnsupported(
                 f"the plan returned shape {tuple(g.shape)} where the graph returns {tuple(r.shape)}"
             )
-        db = float(sqnr_db(r, g))
-        if not db >= min_sqnr_db:
-            raise PlanUnsupported(
-                f"the plan's output differs from the int8 graph's: SQNR {db:.1f} dB < {min_sqnr_db}"
-            )
+    db = float(sqnr_db(_flat(refs), _flat(gots)))
+    if not db >= floor:
+        raise PlanUnsupported(
+            f"the plan's output differs from the int8 graph's: SQNR {db:.1f} dB < {floor:.1f} dB ({why}); "
+            f"kernels: {', '.join(sorted(set(plan.kernels)))}"
+        )
     return plan
+
+
+def _flat(out: Any) -> torch.Tensor:
+    """All output tensors of a graph as one float vector (SQNR over every output together, as the safety check)."""
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    return torch.cat([t.detach().float().reshape(-1) for t in outs])
 
 
 def _record_shapes(gm: Any, example: tuple[Any, ...]) -> None:

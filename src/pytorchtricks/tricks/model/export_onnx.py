@@ -120,7 +120,16 @@ def export_onnx(
     if not check:
         return None
     ref = reference_outputs(model, example)
-    return check_transform(OnnxRunner(path), example, ref, step="export_onnx", max_abs_diff=atol)
+    try:
+        runner = OnnxRunner(path)
+        return check_transform(runner, example, ref, step="export_onnx", max_abs_diff=atol)
+    except PttError:
+        raise
+    except Exception as exc:  # ONNX Runtime could not load or run what torch.onnx wrote
+        raise PttError(
+            f"ONNX Runtime cannot run the exported {path} ({type(exc).__name__}: {str(exc)[:300]}); try another "
+            "opset= or export with check=False and inspect the file."
+        ) from exc
 
 
 class _Reader:

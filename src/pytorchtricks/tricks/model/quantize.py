@@ -2,17 +2,22 @@
 
 Why: int8 conv/matmul on x86 with VNNI runs several times faster than fp32 (ResNet-18 at 160 px, 1 thread, Zen 4:
 PT2E int8 as a oneDNN plan (``compile="onednn"``) 6.58x / 5.08x at batch 1 / 8, 1.17-1.36x ONNX Runtime static
-int8; bf16 2.90x / 2.41x; results/inference_cpu.md; Linear-heavy MLPs: dynamic int8 5.1-5.5x per ANCHORS). The
-backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the one that works.
+int8, 35.3 dB SQNR; bf16 2.90x / 2.41x; results/avx512_bf16/inference_cpu.md, int8_breakdown.md; Linear-heavy MLPs:
+dynamic int8 5.1-5.5x per ANCHORS). The backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the
+one that works.
 When: CPU inference of CNNs (``"int8"``: PT2E with torchao's X86InductorQuantizer when installed, FX otherwise,
 calibrated on ``example_inputs`` or ``calibration=``), Linear/LSTM-heavy models (``"int8_dynamic"``), models that lose
 accuracy under PTQ (``"qat"`` then ``"qat_convert"``), or a cheap first step (``"bf16"``/``"fp16"``).
-Caveats: always use the return value (a ``Quantized`` module; PT2E builds a new graph, your model is not changed).
-A safety check runs by default: SQNR vs the float model (default floors 20 dB int8, 25 dB bf16, 40 dB fp16), and the
-caller's inputs must be unchanged - with freezing, the x86 int8 lowering of ``x + Linear(x)`` writes into the
-caller's input (oneDNN in-place sum): the check raises, pass ``clone_inputs=True``. RepVGG-style nets and
-depthwise convs lose most under int8 (check the SQNR). Dynamic int8 on CNNs is slower (0.34-0.50x): not offered.
-See also: fuse_conv_bn, reparameterize, export_onnx, quantize_lowbit, 推理加速 / 量化.
+Caveats: always use the return value (a ``Quantized`` module; int8 and QAT work on a copy with reused modules
+unshared, your model is not changed). Without VNNI (AVX2-only CPUs, or ``ONEDNN_MAX_CPU_ISA=AVX2``) the u8 x s8
+kernels add pairs of products into int16 and saturate, so static int8 quantizes activations to 7 bits
+(``reduce_range``, ``q.reduce_range_reason`` says so): exact sums again, a little coarser than 8 bits with VNNI
+(the results above are VNNI numbers; CHANGELOG has the AVX2 ones). A safety check runs by default: SQNR vs the float
+model (default floors 20 dB int8, 25 dB bf16, 40 dB fp16), and the caller's inputs must be unchanged - with
+freezing, the x86 int8 lowering of ``x + Linear(x)`` writes into the caller's input (oneDNN in-place sum): the check
+raises, pass ``clone_inputs=True``. RepVGG-style nets and depthwise convs lose most under int8 (check the SQNR).
+Dynamic int8 on CNNs is slower (0.34-0.50x): not offered.
+See also: fuse_conv_bn, reparameterize, export_onnx, quantize_lowbit, unshare_modules, 推理加速 / 量化.
 """
 
 from __future__ import annotations
@@ -28,10 +33,26 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, require
 from pytorchtricks.tricks._cases import inference_case
+from pytorchtricks.tunable import TuneHook, TuneSetup
 
 __all__ = ["quantize_", "Quantized"]
 
 TRICK = TrickInfo(gains=("speed", "memory"), phase=("infer",), exact=False, needs=("infer",))
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    # FX int8 without torch.compile: PT2E's int8 kernels need minutes of compilation on a CPU
+    setup.forward = quantize_(setup.model.eval(), (setup.example,), compile=False, backend="fx")
+
+
+TUNE = TuneHook(
+    changes="step",
+    check="approximate",
+    receipt="model = ptt.quantize_(model.eval(), (example_batch,))  # int8; check its SQNR on your data",
+    apply=_tune_apply,
+    order=75,
+    bound="outputs >= 20 dB SQNR vs fp32",
+)
 
 MODES = ("int8", "int8_dynamic", "qat", "qat_convert", "bf16", "fp16")
 DEFAULT_MIN_SQNR_DB = {"int8": 20.0, "int8_dynamic": 20.0, "qat_convert": 20.0, "bf16": 25.0, "fp16": 40.0}
@@ -60,6 +81,9 @@ class Quantized(nn.Module):
         self.mode, self.backend = mode, backend
         self.freezing, self.clone_inputs, self.dtype = freezing, clone_inputs, dtype
         self.ptt_safety_report: Any = None
+        # static int8: activations in 0..127 instead of 0..255, and why (``int8_range``: no VNNI -> on)
+        self.reduce_range: bool | None = None
+        self.reduce_range_reason: str | None = None
         # AOTInductor (compile="aot"): the loaded package, the input shapes it was built for, and its file
         self.aot: Any = None
         self.aot_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -194,11 +218,74 @@ def _batches(
     return out
 
 
-def _x86_quantizer(is_qat: bool = False) -> Any:
+def int8_range(backend: str, reduce_range: bool | None = None) -> tuple[bool, str]:
+    """Whether static int8 activations use 7 bits (0..127) on this CPU, and the reason (``Quantized`` keeps both).
+
+    Without VNNI the x86 u8 x s8 kernels (oneDNN's and FBGEMM's AVX2 ``vpmaddubsw``) add each pair of products
+    into int16 and saturate: 2 * 255 * 127 overflows 32767, 2 * 127 * 128 does not. ``None`` decides by
+    ``cpu_caps().vnni`` (which honours ``ONEDNN_MAX_CPU_ISA``); FX keeps PyTorch's x86 qconfig, 7 bits everywhere.
+    """
+    from pytorchtricks.hardware import cpu_caps
+
+    caps = cpu_caps()
+    if reduce_range is not None:
+        return (
+            reduce_range,
+            f"reduce_range: {'on' if reduce_range else 'off'}, as asked ({caps.cpu_class} CPU)",
+        )
+    if backend == "fx":
+        return True, "reduce_range: on, FX's x86 qconfig (FBGEMM kernels may add products into int16)"
+    if caps.vnni:
+        return False, f"reduce_range: off, VNNI on this CPU ({caps.cpu_class}): int8 products add up in int32"
+    return True, (
+        f"reduce_range: on, no VNNI on this CPU ({caps.cpu_class}): 7-bit activations, so the AVX2 u8 x s8 "
+        "pair sums cannot saturate int16"
+    )
+
+
+def _x86_quantizer(is_qat: bool = False, reduce_range: bool = False) -> Any:
     xiq = require("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", "infer", package="torchao")
     quantizer = xiq.X86InductorQuantizer()
-    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(is_qat=is_qat))
+    config = xiq.get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
+    quantizer.set_global(config)
     return quantizer
+
+
+def _fx_qconfig_mapping(reduce_range: bool) -> Any:
+    """PyTorch's x86 FX mapping with the activation observers' ``reduce_range`` set as decided."""
+    from torch.ao.quantization import QConfig, get_default_qconfig_mapping
+    from torch.ao.quantization.observer import HistogramObserver
+
+    mapping = get_default_qconfig_mapping("x86")
+    default = mapping.global_qconfig
+    if default is None:  # pragma: no cover - PyTorch's x86 mapping always has a global qconfig
+        raise PttError("PyTorch's default x86 QConfigMapping has no global qconfig; use backend='pt2e'.")
+    act = HistogramObserver.with_args(reduce_range=reduce_range)
+    mapping.set_global(QConfig(activation=act, weight=default.weight))
+    for pattern, qc in list(mapping.object_type_qconfigs.items()):
+        if qc is not None and qc.activation is default.activation:  # fixed-qparams ops keep their own
+            mapping.set_object_type(pattern, QConfig(activation=act, weight=qc.weight))
+    return mapping
+
+
+def _working_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every reused module instance unshared (PT2E's quantizer refuses shared ones)."""
+    from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
+
+    try:
+        work = copy.deepcopy(model)
+    except Exception as exc:
+        raise PttError(
+            f"quantize_ works on a copy of the model and copy.deepcopy failed ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); make the model deep-copyable (no open files, locks or generators as attributes)."
+        ) from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nothing shared / weights untied: both fine on a throw-away copy
+        try:
+            unshare_modules_(work)
+        except PttError:
+            pass  # not fx-traceable: torch.export may still take it as it is
+    return work
 
 
 def _export(model: nn.Module, example: tuple[Any, ...]) -> Any:
@@ -225,23 +312,47 @@ def _export(model: nn.Module, example: tuple[Any, ...]) -> Any:
 
 
 def _static_int8(
-    model: nn.Module, example: tuple[Any, ...], batches: list[tuple[Any, ...]], backend: str
+    model: nn.Module,
+    example: tuple[Any, ...],
+    batches: list[tuple[Any, ...]],
+    backend: str,
+    *,
+    reduce_range: bool,
 ) -> Any:
+    """Calibrated static int8 of ``model`` (not changed: PT2E exports it, FX works on a copy)."""
     if backend == "pt2e":
         pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
-        prepared = pt2e.prepare_pt2e(_export(model, example), _x86_quantizer())
+        graph = _export(model, example)
+        step = "PT2E prepare"
+        try:
+            prepared = pt2e.prepare_pt2e(graph, _x86_quantizer(reduce_range=reduce_range))
+            step = "calibration"
+            with torch.no_grad():
+                for b in batches:
+                    prepared(*b)
+            step = "PT2E convert"
+            return pt2e.convert_pt2e(prepared)
+        except PttError:
+            raise
+        except Exception as exc:
+            raise PttError(
+                f"int8 {step} failed ({type(exc).__name__}: {str(exc)[:300]}). Call ptt.unshare_modules_(model) "
+                "if a module is reused, check that calibration batches match example_inputs, or quantize with "
+                "backend='fx'."
+            ) from exc
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    try:
+        prepared = prepare_fx(copy.deepcopy(model), _fx_qconfig_mapping(reduce_range), example)
         with torch.no_grad():
             for b in batches:
                 prepared(*b)
-        return pt2e.convert_pt2e(prepared)
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
-
-    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), example)
-    with torch.no_grad():
-        for b in batches:
-            prepared(*b)
-    return convert_fx(prepared)
+        return convert_fx(prepared)
+    except Exception as exc:
+        raise PttError(
+            f"FX int8 failed ({type(exc).__name__}: {str(exc)[:300]}); the forward must be torch.fx-traceable "
+            "(static control flow): quantize with backend='pt2e' (needs torchao)."
+        ) from exc
 
 
 def _compile(inner: Any) -> Any:
@@ -262,6 +373,7 @@ def quantize_(
     check: bool = True,
     min_sqnr_db: float | None = None,
     clone_inputs: bool = False,
+    reduce_range: bool | None = None,
 ) -> nn.Module:
     """Quantize ``model`` for CPU inference; returns the quantized callable (a ``Quantized`` module).
 
@@ -279,6 +391,10 @@ def quantize_(
             that shape run it (``q.plan()``; ``q.plan_error`` says why when it could not be built).
         check: run the safety check on ``example_inputs`` (SQNR >= ``min_sqnr_db``, inputs unchanged, no aliasing).
         clone_inputs: call the quantized graph on copies of the inputs (the fix when the check finds mutation).
+        reduce_range: static int8 activations in 0..127 (``None``: on exactly when this CPU has no VNNI, where
+            the 8-bit kernels saturate; FX: always on). ``q.reduce_range_reason`` says what was chosen and why.
+
+    Reused module instances (one ``self.relu`` called twice) are handled: int8 and QAT work on an unshared copy.
 
     Example:
         >>> m = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).eval()
@@ -298,21 +414,28 @@ def quantize_(
     compile = bool(compile)
     example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
     if mode == "qat":
-        return _prepare_qat(model, example)
+        return _prepare_qat(model, example, reduce_range)
     if model.training and mode != "qat_convert":
         raise PttError(f"quantize_({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
     from pytorchtricks.analysis.safety import check_transform, reference_outputs
 
     if mode == "qat_convert":
+        if not isinstance(model, torch.fx.GraphModule):
+            raise PttError(
+                "qat_convert takes the graph that quantize_(model, x, 'qat') returned, after training."
+            )
         pt2e = require("torchao.quantization.pt2e", "infer", package="torchao")
         pt2e.move_exported_model_to_eval(model)
     ref = reference_outputs(model, example) if check else None
     freezing = False
     if mode == "int8":
         use = backend if backend != "auto" else ("pt2e" if _has_torchao() else "fx")
-        inner = _static_int8(model, example, _batches(calibration, example, calibration_batches), use)
+        batches = _batches(calibration, example, calibration_batches)
+        rr, why = int8_range(use, reduce_range)
+        inner = _static_int8(_working_copy(model), example, batches, use, reduce_range=rr)
         freezing = compile and use == "pt2e"  # FX output already runs eager x86 int8 kernels: not compiled
         result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
+        result.reduce_range, result.reduce_range_reason = rr, why
         if plan and use != "pt2e":
             result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
             warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=2)
@@ -335,8 +458,17 @@ def quantize_(
                 )
     elif mode == "qat_convert":
         pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
-        inner = pt2e.convert_pt2e(model)
+        try:
+            inner = pt2e.convert_pt2e(model)
+        except Exception as exc:
+            raise PttError(
+                f"qat_convert failed ({type(exc).__name__}: {str(exc)[:200]}); pass the graph that "
+                "quantize_(model, x, 'qat') returned, after training."
+            ) from exc
         result = Quantized(_compile(inner) if compile else inner, mode, "pt2e", freezing=compile)
+        result.reduce_range, result.reduce_range_reason = getattr(model, "meta", {}).get(
+            "ptt_reduce_range", (None, None)
+        )
     elif mode == "int8_dynamic":
         kinds = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
         if not any(isinstance(m, kinds) for m in model.modules()):
@@ -354,9 +486,16 @@ def quantize_(
     result.clone_inputs = clone_inputs
     if ref is not None:
         floor = DEFAULT_MIN_SQNR_DB[mode] if min_sqnr_db is None else min_sqnr_db
-        result.ptt_safety_report = check_transform(
-            result, example, ref, step=f"quantize:{mode}", min_sqnr_db=floor
-        )
+        try:
+            report = check_transform(result, example, ref, step=f"quantize:{mode}", min_sqnr_db=floor)
+        except PttError:
+            raise
+        except Exception as exc:  # the first call compiles (Inductor) or runs kernels for the first time
+            raise PttError(
+                f"the {mode} model failed on its first call ({type(exc).__name__}: {str(exc)[:300]}); "
+                "retry with compile=False" + (" or backend='fx'" if mode == "int8" else "") + "."
+            ) from exc
+        result.ptt_safety_report = report
     return result
 
 
@@ -368,10 +507,19 @@ def _has_torchao() -> bool:
         return False
 
 
-def _prepare_qat(model: nn.Module, example: tuple[Any, ...]) -> nn.Module:
+def _prepare_qat(model: nn.Module, example: tuple[Any, ...], reduce_range: bool | None) -> nn.Module:
     pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
     model.train()
-    prepared = pt2e.prepare_qat_pt2e(_export(model, example), _x86_quantizer(is_qat=True))
+    rr, why = int8_range("pt2e", reduce_range)
+    graph = _export(_working_copy(model), example)
+    try:
+        prepared = pt2e.prepare_qat_pt2e(graph, _x86_quantizer(is_qat=True, reduce_range=rr))
+    except Exception as exc:
+        raise PttError(
+            f"PT2E QAT prepare failed ({type(exc).__name__}: {str(exc)[:300]}); call ptt.unshare_modules_(model) "
+            "if a module is reused."
+        ) from exc
+    prepared.meta["ptt_reduce_range"] = (rr, why)  # qat_convert reports it
     return prepared  # type: ignore[no-any-return]
 
 

@@ -22,10 +22,32 @@ from torch import nn
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.model._successors import successors
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["remove_conv_bias_before_bn_"]
 
 TRICK = TrickInfo(gains=("speed", "memory"), phase=("train", "infer"), exact=True)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    return (
+        None if facts.conv_bias_pairs else "no convolution with a bias feeds a BatchNorm: nothing to remove"
+    )
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    remove_conv_bias_before_bn_(setup.model)
+
+
+TUNE = TuneHook(
+    changes="model",
+    check="exact",
+    receipt="ptt.remove_conv_bias_before_bn_(model)  # exact: the bias moves into BN's running_mean",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=10,
+    fixes="PTL001",
+)
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)

@@ -53,9 +53,18 @@ def reparameterize_(
         ref = reference_outputs(model, example_inputs)
     n = 0
     for m in list(model.modules()):  # the list is taken first: blocks delete their branches as they convert
+        # model.modules() yields a reused block once: it converts once and every call site sees the deploy form
         fn = getattr(m, "reparameterize_", None) or getattr(m, "switch_to_deploy", None)
         if callable(fn):
-            fn()
+            try:
+                fn()
+            except PttError:
+                raise
+            except Exception as exc:  # third-party blocks: say which one failed
+                raise PttError(
+                    f"{type(m).__name__}.{getattr(fn, '__name__', 'switch_to_deploy')}() failed "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); call it on an eval-mode copy to debug the block."
+                ) from exc
             n += 1
     if n == 0:
         warnings.warn(

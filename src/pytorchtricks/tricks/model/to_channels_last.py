@@ -19,10 +19,34 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["to_channels_last_"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
+
+
+def _tune_applies(facts: TuneFacts) -> str | None:
+    if not facts.has_conv2d:
+        return "no 2-D convolutions: the memory format does not matter"
+    if facts.baseline.get("channels_last"):
+        return "already in place: the model's convolution weights are channels_last"
+    return None
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    to_channels_last_(setup.model)
+    setup.channels_last = True  # inputs follow: x.contiguous(memory_format=torch.channels_last)
+
+
+TUNE = TuneHook(
+    changes="model",
+    check="exact",
+    receipt="ptt.to_channels_last_(model)  # and x = x.contiguous(memory_format=torch.channels_last) in the loop",
+    apply=_tune_apply,
+    applies=_tune_applies,
+    order=30,
+)
 
 
 def to_channels_last_(model: nn.Module) -> nn.Module:

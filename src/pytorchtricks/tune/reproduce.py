@@ -1,0 +1,103 @@
+"""``python apply.py --check``: a receipt reproduces itself.
+
+The receipt records how its workload was built (``workload.rebuild``: the model and data arguments, batch, input
+shape, workers). ``check_receipt`` rebuilds it, runs the baseline and the recommended configuration in interleaved
+rounds on the whole step (loader included) and compares the measured ratio with the receipt's (+-20%).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pytorchtricks.core import PttError
+
+TOLERANCE = (
+    0.20  # the reproduced ratio within +-20% of the receipt's: run-to-run spread on a shared 2-core box
+)
+
+
+def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float = 240.0) -> dict[str, Any]:
+    """Rebuild the workload of the receipt at ``path`` (receipt.json) and re-measure baseline vs recommended."""
+    from pytorchtricks.tune.engine import measure_variants
+    from pytorchtricks.tune.runner import Runner
+    from pytorchtricks.tune.workload import build_workload
+
+    with open(path, encoding="utf-8") as fh:
+        p = json.load(fh)
+    rb = p["workload"].get("rebuild")
+    if rb is None:
+        raise PttError(f"{path} has no rebuild record (written by an older ptt tune); rerun ptt tune.")
+    rec = tuple(p.get("recommended") or ())
+    if not rec:
+        raise PttError("the receipt recommends nothing: there is no speed-up to reproduce.")
+    w = build_workload(
+        rb["model"], rb["data"], batch_size=rb["batch_size"], input_shape=tuple(rb["input_shape"]),
+        num_workers=rb["num_workers"], for_=rb["for"], device=rb["device"],
+    )  # fmt: skip
+    probe = Runner(w, ())
+    try:
+        from pytorchtricks.bench.measure import time_call
+
+        probe.step()
+        _, step_s = time_call(probe.step, w.device)
+    finally:
+        probe.close()
+    meas, _ = measure_variants(
+        w,
+        {"baseline": (), "recommended": rec},
+        step_s=step_s * steps,
+        budget_s=budget_s,
+        memory=True,
+    )
+    got, want = meas["recommended"], p["combined"]
+    ok = want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE
+    return {
+        "recommended": list(rec),
+        "baseline_images_per_s": meas["baseline"].items_per_s,
+        "recommended_images_per_s": got.items_per_s,
+        "ratio": got.ratio,
+        "ratio_q1": got.ratio_q1,
+        "ratio_q3": got.ratio_q3,
+        "receipt_ratio": None if want is None else float(want["ratio"]),
+        "baseline_peak_bytes": meas["baseline"].peak_bytes,
+        "recommended_peak_bytes": got.peak_bytes,
+        "reproduced": ok,
+    }
+
+
+def main(receipt: str, argv: list[str]) -> int:
+    """The ``apply.py`` command line: ``--check [--steps N]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="apply.py", description="re-measure this receipt's recommendation")
+    ap.add_argument(
+        "--check", action="store_true", help="rebuild the workload, measure baseline vs recommended"
+    )
+    ap.add_argument("--steps", type=int, default=3, help="steps per timed block (default 3)")
+    args = ap.parse_args(argv)
+    if not args.check:
+        ap.print_help()
+        return 0
+    try:
+        r = check_receipt(receipt, steps=args.steps)
+    except PttError as exc:
+        print(f"apply.py --check: {exc}")
+        return 2
+
+    def mib(b: int | None) -> str:
+        return "-" if b is None else f"{b / 2**20:.0f} MiB"
+
+    want = r["receipt_ratio"]
+    print(f"recommended: {' + '.join(r['recommended'])}")
+    print(f"baseline     {r['baseline_images_per_s']:.1f} images/s, peak {mib(r['baseline_peak_bytes'])}")
+    print(
+        f"recommended  {r['recommended_images_per_s']:.1f} images/s, peak {mib(r['recommended_peak_bytes'])}"
+    )
+    print(
+        f"speed-up     {r['ratio']:.2f}x (IQR {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}); the receipt measured "
+        + (f"{want:.2f}x" if want is not None and math.isfinite(want) else "-")
+        + (" - reproduced within 20%" if r["reproduced"] else " - NOT within 20% of the receipt")
+    )
+    return 0 if r["reproduced"] else 1
