@@ -229,8 +229,8 @@ def _add_tune(sub: Any) -> None:
     p.add_argument(
         "--num-workers",
         type=int,
-        default=0,
-        help="DataLoader workers your loop already uses: the baseline loads with them (default: 0)",
+        default=2,
+        help="DataLoader workers your loop uses today: the baseline loads with them (default: 2, the common -j 2)",
     )
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))

@@ -43,7 +43,8 @@ class TuneFacts:
         phase: ``"train"`` or ``"infer"``.
         device: ``"cpu"`` or ``"cuda"``.
         verdict: the diagnosis: ``"input-bound"``, ``"compute-bound"`` (or ``""`` before it is known).
-        data_wait_share: the share of the step spent waiting for the loader (0..1).
+        data_wait_share: the share of the step the input pipeline costs (0..1): waiting for data, or on a CPU
+            the cores its workers take from the step, whichever is larger.
         data_kind: ``"files"`` (an image folder), ``"pack"`` (a ``ptt pack`` folder), ``"synthetic"`` or
             ``"dataset"`` (a user's dataset object).
         data_bytes: bytes of the data tune sees (None when unknown).
@@ -145,6 +146,8 @@ class TuneHook:
         fixes: the diagnosis finding it removes (kept when not measurably slower), e.g. ``"PTL001"``.
         requires: tricks that must be in the same configuration (``cache_in_ram`` needs ``make_loader``).
         bound: the named error bound of an approximate or data check, said in the receipt.
+        group: tricks of one group replace the same thing (``"dataset"``: a RAM cache, a pack): a configuration
+            holds at most one of them.
         variant: a second way to apply the same trick (e.g. ``pack`` with ``--resize``): a module may declare
             ``TUNE = (TuneHook(...), TuneHook(..., variant="resize"))``; the candidate is then ``pack[resize]``.
     """
@@ -160,6 +163,7 @@ class TuneHook:
     fixes: str | None = None
     requires: tuple[str, ...] = ()
     bound: str = ""
+    group: str = ""
     variant: str = ""
 
     def __post_init__(self) -> None:

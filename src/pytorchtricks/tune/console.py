@@ -95,11 +95,13 @@ def receipt_table(res: TuneResult) -> Any:
 
 
 def summary_lines(res: TuneResult, out: str | None) -> list[str]:
+    from rich.markup import escape
+
     env = res.env
     lines = []
     if res.recommended:
         lines.append(
-            f"recommended: {', '.join(res.recommended)} -> {speedup_text(res.combined)} images/s vs baseline "
+            f"recommended: {escape(', '.join(res.recommended))} -> {speedup_text(res.combined)} images/s vs baseline "
             "(measured in its own interleaved run)"
         )
     else:

@@ -47,6 +47,10 @@ class Diagnosis:
     conv_bn_pairs: int
     has_conv2d: bool
     bf16_native: bool
+    # the share of the step the input pipeline costs: waiting for data, or (on a CPU) the cores its workers take
+    # from the step - 1 - (step with data staged) / (step with the loader), whichever is larger
+    input_share: float = 0.0
+    compute_alone_s: float | None = None  # the step with its batches staged in memory (no loader running)
     notes: list[str] = field(default_factory=list)
     # ptt.doctor_data on the workload's files: what ptt.make_loader would deliver there (None: not run)
     data_doctor: dict[str, Any] | None = None
@@ -191,6 +195,21 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
     }, ""
 
 
+def _staged_step_s(w: Workload, steps: int) -> float | None:
+    """Seconds of the same step with two batches staged in memory: what the step costs with no loader running."""
+    from pytorchtricks.bench.measure import time_call
+    from pytorchtricks.tune.runner import stage_batches
+
+    if w.data_kind == "synthetic" and w.num_workers == 0:
+        return None
+    r = Runner(w, (), batches=stage_batches(w, 2))
+    try:
+        r.step()
+        return min(time_call(r.step, w.device)[1] for _ in range(max(1, min(steps, 3))))
+    finally:
+        r.close()
+
+
 def step_split(runner: Runner, steps: int, warmup: int = 2) -> tuple[dict[str, float], float]:
     """Mean seconds per step in each stage over ``steps`` steps (after ``warmup``), and the mean step time."""
     for _ in range(warmup):
@@ -272,6 +291,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         _, t0 = time_call(runner.step, w.device)
         steps = max(1, min(4, int(0.4 * budget_s / max(t0, 1e-6))))
         split, step_s = step_split(runner, steps, warmup=0)
+        compute_alone_s = _staged_step_s(w, steps)
         memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
         if "step_peak_bytes" not in memory:
             notes.append(
@@ -331,14 +351,18 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 'ptt.mixed_precision("cpu", dtype="bf16")',
             )
         )
-    share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
+    wait_share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
+    taken = max(0.0, 1 - compute_alone_s / step_s) if step_s > 0 and compute_alone_s else 0.0
+    share = max(wait_share, taken)
     verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "compute-bound"
     if verdict == "input-bound":
         findings.append(
             Finding(
                 "input-bound",
                 f"DataLoader(num_workers={w.num_workers})",
-                f"{share:.0%} of the step waits for data, loaded "
+                f"the input pipeline costs {share:.0%} of the step ({step_s:.2f} s with the loader vs "
+                f"{compute_alone_s:.2f} s with the batches staged; {wait_share:.0%} spent waiting for data, the rest "
+                "the decoding workers taking cores from the training threads), loaded "
                 + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
                 "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack; "
                 "tune measures each below",
@@ -369,6 +393,8 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         split_s=split,
         step_s=step_s,
         verdict=verdict,
+        input_share=share,
+        compute_alone_s=compute_alone_s,
         findings=findings,
         memory=memory,
         data_stages_s=stages,

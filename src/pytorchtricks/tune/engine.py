@@ -290,7 +290,6 @@ def facts_of(w: Workload, diag: Diagnosis, budget_left_s: float) -> TuneFacts:
     """What the hooks' ``applies`` see: the workload and its diagnosis."""
     import psutil
 
-    step = max(diag.step_s, 1e-12)
     data_bytes = sum(os.path.getsize(f) for f in w.files) if w.files else None
     convs = [m for m in w.model_factory().modules() if isinstance(m, torch.nn.Conv2d)]
     nhwc = bool(convs) and all(
@@ -301,7 +300,7 @@ def facts_of(w: Workload, diag: Diagnosis, budget_left_s: float) -> TuneFacts:
         phase=w.for_,
         device=w.device.type,
         verdict=diag.verdict,
-        data_wait_share=diag.split_s.get("data wait", 0.0) / step,
+        data_wait_share=diag.input_share,
         data_kind=w.data_kind,
         data_bytes=data_bytes,
         num_samples=len(w.dataset),
@@ -458,6 +457,15 @@ def _phase_combine(
     current: tuple[str, ...] = (winners[0],)
     prog.phase("combine winners greedily", len(winners) - 1)
     for i, name in enumerate(winners[1:]):
+        group = by_name(name).hook.group
+        taken = [n for n in current if group and by_name(n).hook.group == group]
+        if taken:  # both replace the same thing (e.g. the dataset): the better one, already in, stays
+            res.combination.append(
+                {"with": list(current), "add": name, "kept": False,
+                 "reason": f"exclusive with {taken[0]}: both replace the {group}"}
+            )  # fmt: skip
+            prog.advance()
+            continue
         trial = (*current, name)
         chk = check(w, trial)
         step: dict[str, Any] = {
@@ -473,10 +481,10 @@ def _phase_combine(
             continue
         share = (_left(dl) - _verify_cost_share(dl)) / max(1, len(winners) - 1 - i)
         if plan_rounds(2, t, share, memory=False) is None:
-            # no time to test the addition on its own: it joins, and the verify run below decides
-            step.update(kept=True, reason="joined untested (time budget); judged by the verify run")
+            # no time to test the addition: it stays out (an untested addition can cost what the others won,
+            # e.g. loader settings swept without the step beside them)
+            step.update(kept=False, reason="not tried: no time left to test the addition (raise --time-budget)")
             res.combination.append(step)
-            current = trial
             prog.advance()
             continue
         _, cmp = measure_variants(
@@ -652,7 +660,7 @@ def tune_model(
     batch_size: int | None = None,
     input_size: int | None = None,
     input_shape: str | tuple[int, ...] | None = None,
-    num_workers: int = 0,
+    num_workers: int = 2,
     goal: str = "speed",
     for_: str = "train",
     time_budget_s: float | None = None,

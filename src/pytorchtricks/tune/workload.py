@@ -32,6 +32,10 @@ DEFAULT_INPUT_SIZE = 64
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_PHOTOS = 256  # the built-in set: a few hundred camera-size photos (the seed's 10M, in miniature)
 DEFAULT_MIN_MP = 2.0
+# The built-in workload's input side: on the archetype's GPU box the model computes far faster than the CPUs decode
+# camera-size JPEGs; 32 px reproduces that balance on 2 CPU cores (measured: at 64 px ResNet-18 itself runs at
+# ~57 images/s here, about what two workers decode, so no loader could show more than ~1.4x).
+DEFAULT_WORKLOAD_SIZE = 32
 DEFAULT_WORKERS = 2  # the baseline loader's workers when the user does not say (the common script's -j 2)
 # PIL modes by channel count: images are decoded straight to the channels the model takes
 PIL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
@@ -364,6 +368,8 @@ def build_workload(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         base = _load_model_or_explain(spec)
+    if data is None and input_size is None and input_shape is None:
+        input_size = DEFAULT_WORKLOAD_SIZE  # the built-in workload's balance: the step waits on decoding
     bs, channels, h, w, given = _resolve_shape(base, input_shape, input_size, batch_size)
     dataset, data_desc, kind, source = _dataset(data, (h, w), channels, bs)
     notes: list[str] = []

@@ -35,7 +35,7 @@ def _tune_applies(facts: TuneFacts) -> str | None:
         return f"reads image files or ptt packs; this data is {facts.data_kind}"
     if not facts.input_bound:
         return (
-            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
             f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
         )
     return None

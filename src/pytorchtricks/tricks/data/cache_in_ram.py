@@ -50,7 +50,7 @@ def _tune_applies(facts: TuneFacts) -> str | None:
         return f"reads image files or ptt packs; this data is {facts.data_kind}"
     if not facts.input_bound:
         return (
-            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
             f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
         )
     return None
@@ -83,6 +83,7 @@ TUNE = TuneHook(
     order=100,
     requires=("make_loader",),
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+    group="dataset",
 )
 
 SAFETY = 1.3  # need x 1.3 must fit: sample estimates err, and the OS still needs page cache (YOLOv5 uses 1.1)

@@ -34,7 +34,7 @@ def _tune_applies(facts: TuneFacts) -> str | None:
         return f"packs a folder of image files; this data is {facts.data_kind}"
     if not facts.input_bound:
         return (
-            f"the step does not wait on input ({facts.data_wait_share:.0%} of it in the loader, verdict "
+            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
             f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
         )
     return None
@@ -91,6 +91,7 @@ TUNE = (
         order=101,
         requires=("make_loader",),
         bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+        group="dataset",
     ),
     TuneHook(
         changes="loader",
@@ -104,6 +105,7 @@ TUNE = (
         order=101,
         requires=("make_loader",),
         bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+        group="dataset",
         variant="resize",
     ),
 )
