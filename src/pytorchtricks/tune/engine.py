@@ -483,7 +483,9 @@ def _phase_combine(
         if plan_rounds(2, t, share, memory=False) is None:
             # no time to test the addition: it stays out (an untested addition can cost what the others won,
             # e.g. loader settings swept without the step beside them)
-            step.update(kept=False, reason="not tried: no time left to test the addition (raise --time-budget)")
+            step.update(
+                kept=False, reason="not tried: no time left to test the addition (raise --time-budget)"
+            )
             res.combination.append(step)
             prog.advance()
             continue
