@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["TuneFacts", "TuneHook", "TuneSetup", "TuneSkip"]
+__all__ = ["TuneFacts", "TuneHook", "TuneSetup", "TuneSkip", "unless_input_bound"]
 
 Changes = Literal["model", "optimizer", "loader", "precision", "step", "switch"]
 CheckKind = Literal["exact", "approximate", "data"]
@@ -178,3 +178,16 @@ class TuneHook:
     def scope(self) -> str:
         """``"step"`` (timed with the loader) for loader tricks, else ``"compute"`` (batches staged)."""
         return "step" if self.changes == "loader" else "compute"
+
+
+def unless_input_bound(facts: TuneFacts, kinds: tuple[str, ...] = ("files", "pack")) -> str | None:
+    """The ``applies`` of a loader trick: why it cannot help unless the data is of ``kinds`` and the step waits
+    on its input (None: it can)."""
+    if facts.data_kind not in kinds:
+        return f"reads {' or '.join(kinds)} (image files, ptt packs); this data is {facts.data_kind}"
+    if not facts.input_bound:
+        return (
+            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
+            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
+        )
+    return None

@@ -189,3 +189,22 @@ def test_apply_keeps_the_users_loader_and_gives_no_bf16_advice_it_did_not_measur
     code = receipt.apply_snippet(payload)
     assert "num_workers=2" in code and "1x28x28" in code
     assert 'dtype="bf16"' not in code and "mixed_precision(device, enabled=False)" in code
+
+
+def test_apply_check_rebuilds_the_workload_and_remeasures(tmp_path, models_file):
+    """`python apply.py --check`: the receipt's rebuild record gives back the workload; both variants re-measured."""
+    from pytorchtricks.core import PttError
+    from pytorchtricks.tune.reproduce import check_receipt
+
+    rebuild = {"model": f"{models_file}:planted", "data": "synthetic", "batch_size": 8, "input_shape": [3, 16, 16],
+               "num_workers": 0, "for": "train", "device": "cpu"}  # fmt: skip
+    receipt = {"workload": {"rebuild": rebuild}, "recommended": ["remove_conv_bias_before_bn"],
+               "combined": {"ratio": 1.0}}  # fmt: skip
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt), encoding="utf-8")
+    r = check_receipt(str(path), steps=1, budget_s=4)
+    assert r["recommended"] == ["remove_conv_bias_before_bn"] and r["baseline_images_per_s"] > 0
+    assert r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"] and r["receipt_ratio"] == 1.0
+    path.write_text(json.dumps({"workload": {}, "recommended": []}), encoding="utf-8")
+    with pytest.raises(PttError, match="rebuild"):
+        check_receipt(str(path))

@@ -23,7 +23,7 @@ import torch
 
 from pytorchtricks.bench.measure import Deadline, now_s
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
 __all__ = ["autotune_loader"]
 
@@ -31,14 +31,7 @@ TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
 
 
 def _tune_applies(facts: TuneFacts) -> str | None:
-    if facts.data_kind not in ("files", "pack"):
-        return f"reads image files or ptt packs; this data is {facts.data_kind}"
-    if not facts.input_bound:
-        return (
-            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
-            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
-        )
-    return None
+    return unless_input_bound(facts, ("files", "pack"))
 
 
 def _tune_prepare(setup: TuneSetup) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
 __all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
 
@@ -46,14 +46,7 @@ TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
 
 def _tune_applies(facts: TuneFacts) -> str | None:
-    if facts.data_kind not in ("files", "pack"):
-        return f"reads image files or ptt packs; this data is {facts.data_kind}"
-    if not facts.input_bound:
-        return (
-            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
-            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
-        )
-    return None
+    return unless_input_bound(facts, ("files", "pack"))
 
 
 def _tune_side(input_size: int) -> int:

@@ -29,7 +29,7 @@ from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo
 from pytorchtricks.tricks.data._batches import BatchDataset, EpochBatches, StreamBatches, init_worker
 from pytorchtricks.tricks.data._batches import stack_batch as _stack  # noqa: F401  (data_doctor imports it here)
 from pytorchtricks.tricks.data._images import SampleMaker, resize_hwc, rrc_box, sample_rng
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
 __all__ = ["make_loader"]
 
@@ -37,14 +37,7 @@ TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
 
 def _tune_applies(facts: TuneFacts) -> str | None:
-    if facts.data_kind not in ("files", "pack"):
-        return f"reads image files or ptt packs; this data is {facts.data_kind}"
-    if not facts.input_bound:
-        return (
-            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
-            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
-        )
-    return None
+    return unless_input_bound(facts, ("files", "pack"))
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.shards.writer import pack
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
 __all__ = ["pack"]
 
@@ -30,14 +30,7 @@ TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True, needs=
 
 
 def _tune_applies(facts: TuneFacts) -> str | None:
-    if facts.data_kind != "files":
-        return f"packs a folder of image files; this data is {facts.data_kind}"
-    if not facts.input_bound:
-        return (
-            f"the step does not wait on input (the input pipeline costs {facts.data_wait_share:.0%} of it, verdict "
-            f"{facts.verdict or 'unknown'}): a faster loader cannot speed it up"
-        )
-    return None
+    return unless_input_bound(facts, ("files",))
 
 
 def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
