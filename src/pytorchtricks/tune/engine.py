@@ -426,7 +426,8 @@ def _one_run(
         variants |= {"baseline": ()} | {n: (n,) for n in model}
     whole: tuple[str, ...] = (STEP_BASELINE, *data) if data else ()
     variants |= {n: (() if n == STEP_BASELINE else (n,)) for n in whole}
-    t_mean = ((1 + len(model)) * compute_s * bool(model) + len(whole) * step_s) / len(variants)
+    # a whole-step variant also pays, untimed, its workers' start and one batch before every timed block
+    t_mean = ((1 + len(model)) * compute_s * bool(model) + len(whole) * 2 * step_s) / len(variants)
     plan = plan_rounds(len(variants), t_mean, budget_s, memory=bool(model))
     return None if plan is None else (plan, variants, whole, t_mean)
 

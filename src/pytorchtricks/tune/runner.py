@@ -169,10 +169,10 @@ class Runner:
             return next(self._it)  # type: ignore[no-any-return]
 
     def activate(self) -> None:
-        """Start this variant's loader workers and take one batch per worker (untimed) before a timed block."""
+        """Start this variant's loader workers and take their first batch (untimed) before a timed block: the
+        block then starts with the workers running and the queue near empty, as in the middle of an epoch."""
         if self._staged is None and self._loader is not None and self._it is None:
-            for _ in range(max(1, self.num_workers)):
-                self.next_batch()
+            self.next_batch()
 
     def deactivate(self) -> None:
         """Stop this variant's loader workers while another variant is timed: idle workers refilling their
