@@ -21,7 +21,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 MEAN_PX = tuple(255 * m for m in MEAN)
 STD_PX = tuple(255 * s for s in STD)
-DEFAULT_WORKERS = 2
+DEFAULT_WORKERS = 2  # the baseline loader's workers when the user does not say (the common script's -j 2)
 
 
 def user_loader(

@@ -208,7 +208,3 @@ def check(w: Workload, tricks: tuple[str, ...]) -> Check:
         "; ".join(c.detail for c in checks),
         metrics,
     )
-
-
-def exact_set(tricks: tuple[str, ...]) -> bool:
-    return all(by_name(t).exact for t in with_requirements(tricks))

@@ -39,11 +39,12 @@ class DataCheck:
     psnr_db: float | None = None
 
 
-class _Indexed:
-    """The first ``n`` samples of ``dataset`` with each sample's index as its label (to read the order back)."""
+class FirstSamples:
+    """The first ``n`` samples of ``dataset``, read raw; with ``index_labels`` each sample's index is its label
+    (to read the order of an epoch back through a loader)."""
 
-    def __init__(self, dataset: Any, n: int) -> None:
-        self.dataset, self.n = dataset, n
+    def __init__(self, dataset: Any, n: int, *, index_labels: bool = False) -> None:
+        self.dataset, self.n, self.index_labels = dataset, n, index_labels
 
     def __len__(self) -> int:
         return self.n
@@ -53,8 +54,8 @@ class _Indexed:
 
         if not 0 <= i < self.n:
             raise IndexError(i)
-        raw, _ = read_item(self.dataset, i)
-        return raw, i, {}
+        raw, label = read_item(self.dataset, i)
+        return raw, i if self.index_labels else label, {}
 
 
 def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -97,7 +98,9 @@ def check_data(
     bs = max(1, min(batch_size, n // 3 or 1))  # a few batches, and a partial one when n does not divide
     kw = {k: v for k, v in loader_kwargs.items() if k in ("num_workers", "prefetch_factor", "pin_memory")}
     kw["num_workers"] = min(int(kw.get("num_workers", 0)), 2)
-    loader = make_loader(_Indexed(dataset, n), bs, crop=size, seed=seed, drop_last=False, **kw)
+    loader = make_loader(
+        FirstSamples(dataset, n, index_labels=True), bs, crop=size, seed=seed, drop_last=False, **kw
+    )
     seen: list[int] = []
     for x, y in loader:
         if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
@@ -121,7 +124,7 @@ def check_data(
     if files is None:
         return DataCheck("data", True, detail + "; no pixel check (no source files)")
     k = min(16, n)
-    ev = make_loader(_Indexed(dataset, k), k, crop=size, mode="eval", num_workers=0)
+    ev = make_loader(FirstSamples(dataset, k, index_labels=True), k, crop=size, mode="eval", num_workers=0)
     got = next(iter(ev))[0]
     ref = reference_pixels(files[:k], size)
     values = sorted(psnr_db(got[i], ref[i]) for i in range(k))

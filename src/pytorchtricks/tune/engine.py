@@ -331,9 +331,11 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     cands = all_candidates()
     prog.phase("check candidates", len(cands))
     checks_until = dl.elapsed_s + 0.25 * _left(dl)  # correctness checks may use a quarter of what is left
+    facts = facts_of(w, diag, _left(dl))  # once: it reads the model and every file's size
     for name in _priority(diag):
         c = by_name(name)
-        reason = why_not(c, facts_of(w, diag, _left(dl)))
+        facts.budget_left_s = _left(dl)
+        reason = why_not(c, facts)
         if reason is None and dl.elapsed_s > checks_until:
             reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
         if reason is not None:

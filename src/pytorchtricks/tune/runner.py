@@ -27,7 +27,7 @@ from pytorchtricks.core import PttWarning
 from pytorchtricks.tunable import TuneSetup
 from pytorchtricks.tune.baseline import normalize, user_loader
 from pytorchtricks.tune.hooks import by_name, with_requirements
-from pytorchtricks.tune.workload import Workload, _channels, cache_root
+from pytorchtricks.tune.workload import Workload, cache_root, to_channels
 
 PREFETCH_FACTOR = 2
 
@@ -180,13 +180,10 @@ class Runner:
         if self._staged is None:
             self._it = None
 
-    def drain(self) -> None:  # the engine's before_block hook for one variant
-        self.activate()
-
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """A batch of either road -> normalised float on the device, in the model's channels and memory format."""
         if x.dtype == torch.uint8:
-            x = _channels(x, self.w.channels)
+            x = to_channels(x, self.w.channels)
         return normalize(x, self.w.device, channels_last=getattr(self, "channels_last", False))
 
     def autocast(self) -> Any:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import PttError, require, resolve_device
+from pytorchtricks.tune.baseline import DEFAULT_WORKERS
 
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
@@ -36,7 +37,6 @@ DEFAULT_MIN_MP = 2.0
 # camera-size JPEGs; 32 px reproduces that balance on 2 CPU cores (measured: at 64 px ResNet-18 itself runs at
 # ~57 images/s here, about what two workers decode, so no loader could show more than ~1.4x).
 DEFAULT_WORKLOAD_SIZE = 32
-DEFAULT_WORKERS = 2  # the baseline loader's workers when the user does not say (the common script's -j 2)
 # PIL modes by channel count: images are decoded straight to the channels the model takes
 PIL_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 Size = int | tuple[int, int]  # a side, or (height, width)
@@ -162,21 +162,11 @@ class Workload:
         from pytorchtricks.tricks.data.make_loader import make_loader
 
         crop = (self.input_size, self.width or self.input_size)
-        x, y = next(iter(make_loader(_First(self.dataset, n), n, crop=crop, mode="eval", num_workers=0)))
-        return _channels(x, self.channels), y
+        from pytorchtricks.tune.datacheck import FirstSamples
 
-
-class _First:
-    """The first ``n`` samples of a dataset that has ``read_raw`` (JpegFolder, ShardDataset)."""
-
-    def __init__(self, dataset: Any, n: int) -> None:
-        self.dataset, self.n = dataset, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def read_raw(self, i: int) -> Any:
-        return self.dataset.read_raw(i)
+        first = FirstSamples(self.dataset, n)
+        x, y = next(iter(make_loader(first, n, crop=crop, mode="eval", num_workers=0)))
+        return to_channels(x, self.channels), y
 
 
 def model_in_channels(model: nn.Module) -> int | None:
@@ -386,7 +376,7 @@ def build_workload(
             )
     w0 = Workload(spec, lambda: base, dataset, data_desc, 0, bs, h, for_, dev, channels=channels,
                   width=None if w == h else w, data_kind=kind, source=source)  # fmt: skip
-    probe_x = _channels(w0.example_batch(min(2, bs))[0], channels)
+    probe_x = to_channels(w0.example_batch(min(2, bs))[0], channels)
     n_out = _probe(base, probe_x, spec, given, dev)
     base = base.cpu()
     if n_out < len(getattr(dataset, "classes", [])):
@@ -410,7 +400,7 @@ def build_workload(
     )  # fmt: skip
 
 
-def _channels(x: torch.Tensor, channels: int) -> torch.Tensor:
+def to_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
     """uint8 RGB batches (what the library's decoders give) as the model's channels: gray by ITU-R 601 luma
     (PIL's ``convert("L")``), other counts by repeating or cutting channels."""
     if x.shape[1] == channels:
