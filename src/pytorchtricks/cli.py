@@ -234,7 +234,7 @@ def _add_tune(sub: Any) -> None:
     )
     p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 160)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 175)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument(
         "--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)"

@@ -97,7 +97,11 @@ class TuneSetup:
     one-time builds go), ``dataset`` (what the library's loaders read; a hook may replace it, e.g. by its RAM cache),
     ``loader`` (``"baseline"``: the user's pipeline, or ``"ptt"``: ``ptt.make_loader``), ``loader_kwargs``
     (keyword arguments for ``make_loader``: workers, prefetch, pin), ``device_loader`` (callables wrapping the
-    built loader, e.g. ``prefetch_to_device``).
+    built loader, e.g. ``prefetch_to_device``). ``step_beside(images, labels)`` runs the user's untreated
+    training step on one loader batch, for a ``prepare`` that times its loader with the step beside it (the
+    workers compete with the training threads for the cores, as in the user's job); None outside ``prepare``.
+    A hook's ``prepare`` sees the dataset as the loader hooks before it (in ``order``) left it: a sweep after a
+    RAM cache sweeps over the cache.
     ``example`` is a float input batch on the device for hooks that need one; ``notes`` collect what a hook did.
     """
 
@@ -120,6 +124,7 @@ class TuneSetup:
     channels_last: bool = False
     switches: list[Callable[[], Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    step_beside: Callable[[Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ class TuneHook:
             holds at most one of them.
         variant: a second way to apply the same trick (e.g. ``pack`` with ``--resize``): a module may declare
             ``TUNE = (TuneHook(...), TuneHook(..., variant="resize"))``; the candidate is then ``pack[resize]``.
+        last: the trick tunes what the others built (a loader sweep timed over the chosen dataset): the
+            combination adds it after every other winner, and its ``prepare`` runs again over that combination.
     """
 
     changes: Changes
@@ -165,6 +172,7 @@ class TuneHook:
     bound: str = ""
     group: str = ""
     variant: str = ""
+    last: bool = False
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

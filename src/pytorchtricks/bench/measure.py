@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,12 +236,23 @@ def compare(
     num_threads: int | None = None,
     on_round: Callable[[int], None] | None = None,
     before_block: Callable[[str], None] | None = None,
+    budget_s: float | None = None,
+    min_rounds: int = 3,
+    units_per_call: Mapping[str, int] | None = None,
+    single_call: Collection[str] = (),
 ) -> Comparison:
     """Interleaved A/B(/C...) timing: every round times each variant once, in rotated order.
 
     Returns per-variant median/IQR over rounds and the paired per-round speed ratio versus ``baseline``.
     ``before_block(name)``, when given, runs untimed right before each timed block of a variant (e.g. to drain
     a loader queue that worker processes filled while the other variants were being timed).
+    ``budget_s``: stop before a round that would end past this many seconds (the mean round so far as its
+    cost), once ``min_rounds`` are done; ``rounds`` is then the most.
+    ``units_per_call[name]``: how many units of work one call of that variant does (e.g. one training step per
+    loader worker, so a timed block spans whole cycles of the worker pool); its times are reported per unit.
+    ``single_call``: variants timed by whole calls back to back for ``min_run_time_s`` (at least one), with no
+    block-size estimate (a slow call, such as a training step through its loader, would pay it once more);
+    with ``before_block`` they skip the warm-up calls too (their ``before_block`` warms them before every block).
     """
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not among the variants {list(variants)}")
@@ -249,25 +260,40 @@ def compare(
         raise ValueError("rounds must be >= 1")
     names_ = list(variants)
     for name in names_:  # warm-up: first calls pay for lazy init, allocator growth, compilation
+        if name in single_call and before_block is not None:
+            continue  # warmed by its own before_block, before every block
         for _ in range(warmup):
             variants[name]()
     sync(device)
     per_round: dict[str, list[float]] = {n: [] for n in names_}
     order_log: list[list[str]] = []
+    t0 = now_s()
     for r in range(rounds):
+        spent = now_s() - t0
+        if budget_s is not None and r >= max(1, min_rounds) and spent + spent / r > budget_s:
+            break
         order = names_[r % len(names_) :] + names_[: r % len(names_)]
         order_log.append(order)
         for name in order:
             if before_block is not None:
                 before_block(name)
-            s = measure(
-                variants[name],
-                device=device,
-                min_run_time_s=min_run_time_s,
-                warmup=0,
-                num_threads=num_threads,
-            )
-            per_round[name].append(s.median_s)
+            if name in single_call:  # calls back to back until the block lasts min_run_time_s (>= 1 call)
+                sync(device)
+                t_call, calls = now_s(), 0
+                while calls == 0 or now_s() - t_call < min_run_time_s:
+                    variants[name]()
+                    calls += 1
+                sync(device)
+                seconds = (now_s() - t_call) / calls
+            else:
+                seconds = measure(
+                    variants[name],
+                    device=device,
+                    min_run_time_s=min_run_time_s,
+                    warmup=0,
+                    num_threads=num_threads,
+                ).median_s
+            per_round[name].append(seconds / max(1, (units_per_call or {}).get(name, 1)))
         if on_round is not None:
             on_round(r)
     base = Stats.of(per_round[baseline])
@@ -278,7 +304,7 @@ def compare(
         rq1, rmed, rq3 = quantiles(ratios)
         overlap = not (st.q3_s < base.q1_s or st.q1_s > base.q3_s)
         out[name] = VariantResult(name, st, rmed, rq1, rq3, overlap if name != baseline else True)
-    return Comparison(variants=out, rounds=rounds, order=order_log)
+    return Comparison(variants=out, rounds=len(order_log), order=order_log)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -179,6 +179,8 @@ def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
     finally:
         r.close()
     metrics = {"psnr_db": got.psnr_db} if got.psnr_db is not None else {}
+    if got.sample_s is not None:
+        metrics["loader_sample_s"] = got.sample_s
     return Check("data: every sample once, labels, dtype/shape, pixels", got.ok, got.detail, metrics)
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pytorchtricks.bench.measure import now_s
+
 SUBSET = 96
 MIN_PSNR_DB = (
     30.0  # JPEG re-encoding at q90 and one extra resize stay near 35-45 dB; a wrong box or channel <15
@@ -37,6 +39,9 @@ class DataCheck:
     ok: bool
     detail: str
     psnr_db: float | None = None
+    sample_s: float | None = (
+        None  # the loader alone, seconds per sample after its first batch (a cost estimate)
+    )
 
 
 class FirstSamples:
@@ -102,7 +107,13 @@ def check_data(
         FirstSamples(dataset, n, index_labels=True), bs, crop=size, seed=seed, drop_last=False, **kw
     )
     seen: list[int] = []
+    t_first: float | None = None
+    after_first = 0
     for x, y in loader:
+        if t_first is None:
+            t_first = now_s()
+        else:
+            after_first += int(x.shape[0])
         if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
             return DataCheck(
                 "data", False, f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
@@ -110,6 +121,7 @@ def check_data(
         if y.dtype != torch.int64:
             return DataCheck("data", False, f"labels are {y.dtype}, not int64")
         seen.extend(int(i) for i in y)
+    sample_s = (now_s() - t_first) / after_first if t_first is not None and after_first else None
     dup = [i for i, c in Counter(seen).items() if c > 1]
     missing = sorted(set(range(n)) - set(seen))
     if dup or missing:
@@ -122,7 +134,7 @@ def check_data(
         return DataCheck("data", False, "the label multiset of an epoch differs from the dataset's")
     detail = f"{n} samples once each per epoch, labels kept, uint8 [N, C, {size}, {size}]"
     if files is None:
-        return DataCheck("data", True, detail + "; no pixel check (no source files)")
+        return DataCheck("data", True, detail + "; no pixel check (no source files)", sample_s=sample_s)
     k = min(16, n)
     ev = make_loader(FirstSamples(dataset, k, index_labels=True), k, crop=size, mode="eval", num_workers=0)
     got = next(iter(ev))[0]
@@ -133,7 +145,9 @@ def check_data(
     detail += (
         f"; pixels {median:.1f} dB PSNR median of {k} (worst {worst:.1f}) vs PIL decode + Resize + CenterCrop"
     )
-    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median)
+    return DataCheck(
+        "data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median, sample_s=sample_s
+    )
 
 
 def label_array(dataset: Any) -> np.ndarray:

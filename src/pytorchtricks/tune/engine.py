@@ -41,13 +41,13 @@ from pytorchtricks.tunable import TuneFacts, TuneSkip
 from pytorchtricks.tune.candidates import Check, check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
-from pytorchtricks.tune.runner import Runner, prepared, stage_batches
+from pytorchtricks.tune.runner import Runner, prepare_all, stage_batches
 from pytorchtricks.tune.workload import Workload, build_workload
 
 MARGIN = 0.05  # a win must clear 1.05x at the first quartile: borderline tricks would flip between runs
 MEMORY_MARGIN = 0.05
 REPORT_RESERVE_S = 8.0
-DEFAULT_BUDGET_S = 160.0  # + imports and workload build: `make demo` ends within 3 minutes
+DEFAULT_BUDGET_S = 175.0  # + imports and workload build (~6 s): `make demo` ends within 3 minutes
 SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
 STEP_BASELINE = "baseline (whole step)"
 DROPPED_FOR_TIME = (
@@ -159,31 +159,51 @@ def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, flo
     return quantiles([x / y for x, y in zip(a, b)])
 
 
+MIN_BLOCK_S = 0.25  # the shortest timed block worth having (one call of a slow step is always timed anyway)
+
+
 def plan_rounds(
     n_variants: int, step_s: float, budget_s: float, memory: bool = True
 ) -> tuple[int, float, bool] | None:
-    """(rounds, min_run_time_s, measure_memory) that fit ``n_variants`` into ``budget_s``, or None.
+    """``plan_blocks`` for ``n_variants`` staged variants of ``step_s`` seconds each."""
+    return plan_blocks({str(i): step_s for i in range(n_variants)}, (), budget_s, memory)
 
-    Prefers more rounds (a tighter IQR), then spends what is left on longer timed blocks (up to 2 s each); drops
-    the profiled memory step before giving up. Cost model per variant: one warm-up call, per round the Timer's
-    block-size estimate call plus the timed calls, and ~3 step-times for the profiled peak-memory step.
+
+def plan_blocks(
+    steps_s: dict[str, float],
+    whole: tuple[str, ...] | set[str],
+    budget_s: float,
+    memory: bool = True,
+    whole_units: int = 1,
+) -> tuple[int, float, bool] | None:
+    """(rounds, min_run_time_s, measure_memory) that fit the variants (their expected seconds per call in
+    ``steps_s``) into ``budget_s``, or None.
+
+    Prefers more rounds (a tighter IQR), then spends what is left on longer timed blocks of the staged variants
+    (up to 1 s each); drops the profiled memory step before giving up. Cost model: one warm-up call per variant
+    (+ ~3 calls for the profiled peak-memory step of a staged one); per round a staged variant costs the Timer's
+    block-size call, its timed block and up to one call past its end; a ``whole``-step variant starts its loader
+    workers and runs one untimed step per worker (~one call), then its timed block of whole calls of
+    ``whole_units`` steps (one per loader worker, see ``measure_variants``) and up to half a call past its end.
     """
-    t = max(step_s, 1e-4)
-    fixed = t * (1 + (3 if memory else 0))
+    if not steps_s:
+        return None
+    t = {n: max(v, 1e-4) * (whole_units if n in whole else 1) for n, v in steps_s.items()}
+    staged = [n for n in t if n not in whole]
+    warm = sum(t.values()) + (3 * sum(t[n] for n in staged) if memory else 0.0)
+    per_round = sum((1.5 if n in whole else 2) * v for n, v in t.items())
     for rounds in (9, 7, 5, 3):
-        per_block = (
-            budget_s / n_variants - fixed
-        ) / rounds - t  # seconds left for the timed calls of a block
-        if per_block >= max(0.05, 0.5 * t):
-            return rounds, min(2.0, max(0.05, 0.8 * per_block)), memory
-    return plan_rounds(n_variants, step_s, budget_s, False) if memory else None
+        block = ((budget_s - warm) / rounds - per_round) / len(t)
+        if block >= MIN_BLOCK_S:
+            return rounds, min(1.0, block), memory
+    return plan_blocks(steps_s, whole, budget_s, False, whole_units) if memory and staged else None
 
 
 def measure_variants(
     w: Workload,
     variants: dict[str, tuple[str, ...]],
     *,
-    step_s: float,
+    step_s: float | dict[str, float],
     budget_s: float,
     memory: bool = True,
     on_round: Callable[[int], None] | None = None,
@@ -192,19 +212,26 @@ def measure_variants(
 ) -> tuple[dict[str, Measured], Comparison]:
     """Build a Runner per variant and time them interleaved (first variant is the reference).
 
+    ``step_s``: the expected seconds per call, of every variant or per variant (what the rounds are planned on).
     With ``batches`` every variant cycles over those in-memory batches (the compute step alone), except the
     variants named in ``whole_step``, which read through their loader (the whole step). Memory is measured for
     the staged variants only (a loader's worker processes would fork inside the meter).
     """
-    plan = plan_rounds(len(variants), step_s, budget_s, memory)
-    rounds, min_rt, memory = plan if plan is not None else (3, max(0.05, 0.5 * step_s), False)
-    runners: dict[str, Runner] = {}
     staged = {n for n in variants if batches is not None and n not in whole_step}
+    steps = step_s if isinstance(step_s, dict) else {n: step_s for n in variants}
+    runners: dict[str, Runner] = {}
     try:
         for name, tricks in variants.items():
             runners[name] = Runner(w, tricks, batches=batches if name in staged else None)
+        # a whole step with W loader workers is timed W steps per call: the workers deliver their batches in
+        # waves of W (all started together), so a block of any other length would be a part-wave, fast or slow
+        # by where it starts; per step the times are the same
+        units = {n: max(1, r.num_workers) if n not in staged else 1 for n, r in runners.items()}
+        whole = {n for n in variants if n not in staged}
+        plan = plan_blocks(steps, whole, budget_s, memory, max([units[n] for n in whole], default=1))
+        rounds, min_rt, memory = plan if plan is not None else (3, MIN_BLOCK_S, False)
         cmp = compare(
-            {n: r.step for n, r in runners.items()},
+            {n: _steps(r, units[n]) for n, r in runners.items()},
             baseline=next(iter(variants)),
             rounds=rounds,
             min_run_time_s=min_rt,
@@ -212,6 +239,9 @@ def measure_variants(
             warmup=1,
             on_round=on_round,
             before_block=lambda n: _only_active(runners, n),
+            budget_s=0.9 * budget_s,  # a wrong cost estimate ends the run early (>= 3 rounds), not late
+            units_per_call=units,
+            single_call=whole,
         )
         mem = {
             n: quiet_peak_memory(r.step, w.device)
@@ -223,6 +253,18 @@ def measure_variants(
             r.close()
     scopes = {n: "compute" if n in staged else "step" for n in variants}
     return _measured(cmp, variants, w.batch_size, mem, scopes), cmp
+
+
+def _steps(r: Runner, n: int) -> Callable[[], Any]:
+    if n == 1:
+        return r.step
+
+    def run() -> Any:
+        for _ in range(n - 1):
+            r.step()
+        return r.step()
+
+    return run
 
 
 def _payback(w: Workload, cr: CandidateResult, m: Measured, ref: Measured) -> str:
@@ -330,7 +372,9 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     rows: dict[str, CandidateResult] = {}
     cands = all_candidates()
     prog.phase("check candidates", len(cands))
-    checks_until = dl.elapsed_s + 0.25 * _left(dl)  # correctness checks may use a quarter of what is left
+    checks_until = dl.elapsed_s + 0.3 * _left(
+        dl
+    )  # correctness checks and one-time builds: 30% of what is left
     facts = facts_of(w, diag, _left(dl))  # once: it reads the model and every file's size
     for name in _priority(diag):
         c = by_name(name)
@@ -342,8 +386,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
             rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
         else:
             try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
-                for need in with_requirements((c.name,)):
-                    prepared(w, need)
+                prepare_all(w, (c.name,))
             except TuneSkip as exc:
                 rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
                 prog.advance()
@@ -360,7 +403,10 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
     share = 0.5 * _left(dl)
     t_compute = compute_step_s(diag)
-    while to_measure and _one_run(to_measure, t, t_compute, share) is None:
+    est = {n: whole_step_estimate(rows[n], w, t_compute, t) for n in to_measure}
+    mem = goal != "speed"  # the peak-memory step of every staged variant only when memory is a goal
+    units = max(1, w.num_workers)  # steps per timed call of a whole-step variant (one per loader worker)
+    while to_measure and _one_run(to_measure, t, t_compute, share, est, mem, units) is None:
         dropped = to_measure.pop()  # lowest priority first
         rows[dropped].status = "skipped"
         rows[
@@ -370,17 +416,17 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         if any(r.status == "skipped" and r.reason.startswith(DROPPED_FOR_TIME) for r in rows.values()):
             res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")
         return []
-    run = _one_run(to_measure, t, t_compute, share)
+    run = _one_run(to_measure, t, t_compute, share, est, mem, units)
     assert run is not None
-    (rounds, _, _), variants, whole, t_mean = run
+    (rounds, _, _), variants, whole, steps = run
     prog.phase(f"measure {len(to_measure)} candidates ({rounds} interleaved rounds)", rounds)
     staged = len(whole) < len(variants)
     got, cmp = measure_variants(
         w,
         variants,
-        step_s=t_mean,
+        step_s=steps,
         budget_s=share,
-        memory=staged,
+        memory=staged and mem,
         on_round=lambda _r: prog.advance(),
         batches=stage_batches(w) if staged else None,
         whole_step=whole,
@@ -406,21 +452,52 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
     res.phases_done.append("candidates")
     winners = [n for n in to_measure if rows[n].status == "kept"]
-    # best first: biggest measured speed ratio (ties by name, so the order is deterministic)
-    return sorted(winners, key=lambda n: (-round(meas[n].ratio, 2), n))
+    # best first: biggest measured speed ratio (ties by name, so the order is deterministic); a trick that
+    # tunes what the others built (a loader sweep) comes after all of them
+    ranked = sorted(winners, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
+    return _group_ties_first(ranked, meas)
+
+
+def _group_ties_first(ranked: list[str], meas: dict[str, Measured]) -> list[str]:
+    """Within a group of exclusive tricks (e.g. the dataset: a RAM cache or a pack) the combination takes the
+    first. When the best is not clearly better than another member (its first quartile under their median), they
+    tie, and the one of lower hook ``order`` goes first: noise then cannot make two runs pick different tricks."""
+    out = list(ranked)
+    for name in ranked:
+        group = by_name(name).hook.group
+        members = [n for n in out if group and by_name(n).hook.group == group]
+        if not members or members[0] != name:
+            continue
+        ties = [n for n in members if meas[name].ratio_q1 < meas[n].ratio]
+        pick = min(ties, key=lambda n: (by_name(n).hook.order, n))
+        if pick != name:
+            out.remove(pick)
+            out.insert(out.index(name), pick)
+    return out
 
 
 def compute_step_s(diag: Diagnosis) -> float:
-    """Seconds of a step without waiting for data (what the model tricks act on)."""
+    """Seconds of a step without its loader (what the model tricks act on): the step with its batches staged in
+    memory as the diagnosis measured it, else the step less its data wait (which still holds the cores the
+    decoding workers took from the training threads)."""
+    if diag.compute_alone_s:
+        return max(diag.compute_alone_s, 1e-4)
     return max(diag.step_s - diag.split_s.get("data wait", 0.0), 0.05 * diag.step_s, 1e-4)
 
 
 def _one_run(
-    names: list[str], step_s: float, compute_s: float, budget_s: float
-) -> tuple[tuple[int, float, bool], dict[str, tuple[str, ...]], tuple[str, ...], float] | None:
+    names: list[str],
+    step_s: float,
+    compute_s: float,
+    budget_s: float,
+    est_s: dict[str, float] | None = None,
+    memory: bool = True,
+    units: int = 1,
+) -> tuple[tuple[int, float, bool], dict[str, tuple[str, ...]], tuple[str, ...], dict[str, float]] | None:
     """How to measure ``names`` in one interleaved run within ``budget_s``: model tricks on the compute step
     against ``baseline`` (batches staged), loader settings on the whole step against ``STEP_BASELINE``, all in
-    the same rounds. Returns (plan, variants, the whole-step variants, mean seconds per call), or None."""
+    the same rounds. ``est_s[name]``: the expected whole step of a loader setting (default: the baseline's).
+    Returns (plan, variants, the whole-step variants, expected seconds per call of each), or None."""
     model = [n for n in names if by_name(n).scope != "step"]
     data = [n for n in names if by_name(n).scope == "step"]
     variants: dict[str, tuple[str, ...]] = {}
@@ -428,10 +505,25 @@ def _one_run(
         variants |= {"baseline": ()} | {n: (n,) for n in model}
     whole: tuple[str, ...] = (STEP_BASELINE, *data) if data else ()
     variants |= {n: (() if n == STEP_BASELINE else (n,)) for n in whole}
-    # a whole-step variant also pays, untimed, its workers' start and one batch before every timed block
-    t_mean = ((1 + len(model)) * compute_s * bool(model) + len(whole) * 2 * step_s) / len(variants)
-    plan = plan_rounds(len(variants), t_mean, budget_s, memory=bool(model))
-    return None if plan is None else (plan, variants, whole, t_mean)
+    est = est_s or {}
+    steps = {
+        n: compute_s if n not in whole else (step_s if n == STEP_BASELINE else est.get(n, step_s))
+        for n in variants
+    }
+    plan = plan_blocks(steps, whole, budget_s, memory=memory and bool(model), whole_units=units)
+    return None if plan is None else (plan, variants, whole, steps)
+
+
+def whole_step_estimate(c: CandidateResult, w: Workload, compute_s: float, step_s: float) -> float:
+    """A loader setting's whole step before it is timed, from its loader alone (timed by the data check) and
+    the compute step: on a CPU both take the same cores, so their sum (+20%); on a GPU the loader overlaps the
+    step, so the longer of the two (+20%). Never above the baseline's step."""
+    per = c.check.metrics.get("loader_sample_s") if c.check is not None else None
+    if per is None:
+        return step_s
+    loader_s = per * w.batch_size
+    both = compute_s + loader_s if w.device.type == "cpu" else max(compute_s, loader_s)
+    return min(step_s, 1.2 * both)
 
 
 def _check_part_and_whole(cmp: Comparison, res: TuneResult) -> None:
@@ -450,18 +542,50 @@ def _verify_cost_share(dl: Deadline) -> float:
     return 0.55 * _left(dl)
 
 
+def _step_estimate(res: TuneResult, tricks: tuple[str, ...]) -> float:
+    """Seconds of the whole step with ``tricks``, before it is timed: the fastest of its tricks as measured alone
+    on the whole step (adding tricks seldom slows a step), else the baseline's."""
+    assert res.diagnosis is not None
+    alone = [
+        c.measured.median_s
+        for c in res.candidates
+        if c.name in tricks and c.measured is not None and c.measured.scope == "step"
+    ]
+    return min([res.diagnosis.step_s, *alone])
+
+
+def _to_try(current: tuple[str, ...], rest: list[str]) -> int:
+    """How many of ``rest`` the combination will measure: not those it already holds (a requirement) nor those
+    whose group a trick before them fills (the first of a group is assumed kept)."""
+    groups = {by_name(n).hook.group for n in current}
+    n = 0
+    for name in rest:
+        g = by_name(name).hook.group
+        if name in with_requirements(current) or (g and g in groups):
+            continue
+        groups.add(g)
+        n += 1
+    return n
+
+
 def _phase_combine(
     w: Workload, res: TuneResult, winners: list[str], dl: Deadline, goal: str, prog: Progress
 ) -> tuple[str, ...]:
     """Greedy: add winners best first; keep one only when the combination is still correct and still gains."""
     diag = res.diagnosis
     assert diag is not None
-    t = diag.step_s
     current: tuple[str, ...] = (winners[0],)
     prog.phase("combine winners greedily", len(winners) - 1)
     for i, name in enumerate(winners[1:]):
         group = by_name(name).hook.group
         taken = [n for n in current if group and by_name(n).hook.group == group]
+        if name in with_requirements(current):  # e.g. make_loader, which the RAM cache already reads through
+            res.combination.append(
+                {"with": list(current), "add": name, "kept": True,
+                 "reason": f"already part of {' + '.join(current)} (a requirement)"}
+            )  # fmt: skip
+            prog.advance()
+            continue
         if taken:  # both replace the same thing (e.g. the dataset): the better one, already in, stays
             res.combination.append(
                 {"with": list(current), "add": name, "kept": False,
@@ -482,8 +606,9 @@ def _phase_combine(
             res.combination.append(step)
             prog.advance()
             continue
-        share = (_left(dl) - _verify_cost_share(dl)) / max(1, len(winners) - 1 - i)
-        if plan_rounds(2, t, share, memory=False) is None:
+        share = (_left(dl) - _verify_cost_share(dl)) / max(1, 1 + _to_try(trial, winners[i + 2 :]))
+        pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
+        if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
             # no time to test the addition: it stays out (an untested addition can cost what the others won,
             # e.g. loader settings swept without the step beside them)
             step.update(
@@ -493,7 +618,7 @@ def _phase_combine(
             prog.advance()
             continue
         _, cmp = measure_variants(
-            w, {"without": current, "with": trial}, step_s=t, budget_s=share, memory=False
+            w, {"without": current, "with": trial}, step_s=pair, budget_s=share, memory=False
         )
         q1, med, q3 = paired_ratio(cmp, "without", "with")
         fix = bool(by_name(name).hook.fixes) and by_name(name).exact
@@ -537,20 +662,26 @@ def _phase_verify(
         variants["combined"] = combo
     for s in singles if len(combo) > 1 else combo:
         variants[s] = (s,)
-    share = max(0.0, _left(dl) - 4 * t)  # keep time for the after-split
-    while len(variants) > 2 and plan_rounds(len(variants), t, share) is None:
+    share = max(0.0, _left(dl) - 4 * _step_estimate(res, combo))  # keep time for the after-split
+
+    def plan() -> tuple[dict[str, float], tuple[int, float, bool] | None]:
+        steps = {n: _step_estimate(res, v) for n, v in variants.items()}
+        return steps, plan_blocks(steps, set(steps), share, whole_units=max(1, w.num_workers))
+
+    while len(variants) > 2 and plan()[1] is None:
         variants.popitem()  # drop single tricks from the verify run (they were measured in the candidate run)
-    if plan_rounds(len(variants), t, share) is None:
+    steps, planned = plan()
+    if planned is None:
         res.notes.append(
             "no time left to re-measure the combination; the receipt recommends the best single trick"
         )
         res.recommended = (combo[0],)
         res.combined = next((c.measured for c in res.candidates if c.name == combo[0]), None)
         return
-    plan = plan_rounds(len(variants), t, share)
-    assert plan is not None
-    prog.phase(f"verify: baseline vs combined vs singles ({plan[0]} rounds)", plan[0])
-    meas, cmp = measure_variants(w, variants, step_s=t, budget_s=share, on_round=lambda _r: prog.advance())
+    prog.phase(f"verify: baseline vs combined vs singles ({planned[0]} rounds)", planned[0])
+    meas, cmp = measure_variants(
+        w, variants, step_s=steps, budget_s=share, on_round=lambda _r: prog.advance()
+    )
     res.final = list(meas.values())
     res.recommended = combo
     res.combined = meas["combined"] if len(combo) > 1 else meas[combo[0]]
@@ -601,7 +732,7 @@ def run_tune(
     try:
         with _seeded(0):
             prog.phase("diagnose", None)
-            res.diagnosis = diagnose(w, budget_s=0.12 * _left(dl))
+            res.diagnosis = diagnose(w, budget_s=0.09 * _left(dl))
             res.notes.extend(res.diagnosis.notes)
             res.phases_done.append("diagnose")
             winners = _phase_candidates(w, res, dl, goal, prog)

@@ -58,24 +58,73 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
     )
 
 
-def prepared(w: Workload, name: str) -> Any:
-    """The one-time state of ``name``'s hook (a pack, a RAM cache, a loader sweep): built once per workload, its
-    seconds recorded in ``w.prepare_s`` (the receipt's one-time cost and break-even epochs)."""
+def prepare_key(name: str, earlier: tuple[str, ...]) -> str:
+    """The name ``name``'s one-time state is kept under: its own, or ``"<name> on <loader tricks>"`` when loader
+    tricks other than its requirements come before it (a loader sweep over a RAM cache is another sweep)."""
+    extra = [
+        t for t in earlier if by_name(t).hook.changes == "loader" and t not in by_name(name).hook.requires
+    ]
+    return f"{name} on {'+'.join(extra)}" if extra else name
+
+
+def prepared(w: Workload, name: str, setup: TuneSetup | None = None, earlier: tuple[str, ...] = ()) -> Any:
+    """The one-time state of ``name``'s hook (a pack, a RAM cache, a loader sweep): built once per workload and
+    key (``prepare_key``), its seconds recorded in ``w.prepare_s`` (the receipt's one-time cost and break-even
+    epochs). ``setup``: the configuration as the hooks ``earlier`` left it (default: the user's)."""
     hook = by_name(name).hook
     if hook.prepare is None:
         return None
-    if name not in w.prepared:
+    key = prepare_key(name, earlier)
+    if key not in w.prepared:
+        s = dataclasses.replace(setup if setup is not None else base_setup(w), notes=[])
+        beside = _StepBeside(w)
+        s.step_beside = beside
         t0 = now_s()
-        with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
-            warnings.simplefilter("always")
-            w.prepared[name] = hook.prepare(base_setup(w))
-        for msg in dict.fromkeys(str(c.message) for c in caught if issubclass(c.category, PttWarning)):
-            w.notes.append(f"{name}: {msg}")
-        state = w.prepared[name]
-        w.prepare_s[name] = (
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
+                warnings.simplefilter("always")
+                w.prepared[key] = hook.prepare(s)
+        finally:
+            beside.close()
+        said = [str(c.message) for c in caught if issubclass(c.category, PttWarning)] + s.notes
+        w.notes.extend(f"{key}: {msg}" for msg in dict.fromkeys(said))
+        state = w.prepared[key]
+        w.prepare_s[key] = (
             float(state["build_s"]) if isinstance(state, dict) and "build_s" in state else now_s() - t0
         )
-    return w.prepared[name]
+    return w.prepared[key]
+
+
+def prepare_all(w: Workload, tricks: tuple[str, ...]) -> None:
+    """Build the one-time state of ``tricks`` and their requirements, in order, as a Runner would use it
+    (raises ``TuneSkip`` from a hook that cannot build, e.g. a cache that does not fit)."""
+    s = base_setup(w)
+    done: tuple[str, ...] = ()
+    for name in with_requirements(tricks):
+        hook = by_name(name).hook
+        state = prepared(w, name, s, done)
+        if hook.changes == "loader":  # what a later loader hook's prepare reads (the dataset, the loader)
+            hook.apply(s, state)
+        done = (*done, name)
+
+
+class _StepBeside:
+    """``step_beside`` for a hook's ``prepare``: the user's untreated step on a fresh model copy, built on its
+    first call (a prepare that never times its loader builds nothing)."""
+
+    def __init__(self, w: Workload) -> None:
+        self.w = w
+        self.runner: Runner | None = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        if self.runner is None:
+            self.runner = Runner(self.w, (), loader=False)
+        return self.runner.on_batch(x, y)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
 
 
 class Runner:
@@ -100,11 +149,11 @@ class Runner:
             model.eval()
         model.to(w.device)
         setup = base_setup(w, model)
-        for name in self.tricks:  # in the hooks' order (with_requirements sorts by it)
+        for i, name in enumerate(self.tricks):  # in the hooks' order (with_requirements sorts by it)
             hook = by_name(name).hook
             if setup.example is None and hook.changes in ("model", "step"):
                 setup.example = self.prepare(w.example_batch(min(w.batch_size, 8))[0])
-            hook.apply(setup, prepared(w, name))
+            hook.apply(setup, prepared(w, name, setup, self.tricks[:i]))
         self.setup = setup
         self.model = setup.model
         self.channels_last = setup.channels_last
@@ -169,16 +218,25 @@ class Runner:
             return next(self._it)  # type: ignore[no-any-return]
 
     def activate(self) -> None:
-        """Start this variant's loader workers and take their first batch (untimed) before a timed block: the
-        block then starts with the workers running and the queue near empty, as in the middle of an epoch."""
+        """Start this variant's loader workers and run one untimed step per worker before a timed block.
+
+        The workers start together, so their first batches arrive together; once those are taken every worker
+        is busy on its next batch and the queue is empty, as in the middle of an epoch (taking one batch only
+        would leave the other workers' first batches ready, and a short timed block would get them free). Running
+        the step on them, not just reading them, also pays the first step after a switch from another variant
+        (its weights and buffers cold: measured 1.5-2.7x a steady step), which is not the user's steady state.
+        """
         if self._staged is None and self._loader is not None and self._it is None:
-            self.next_batch()
+            for _ in range(max(1, self.num_workers)):
+                self.step()
 
     def deactivate(self) -> None:
         """Stop this variant's loader workers while another variant is timed: idle workers refilling their
         queues would take the cores from the variant being measured."""
-        if self._staged is None:
-            self._it = None
+        if self._staged is None and self._it is not None:
+            it, self._it = self._it, None
+            _stop_workers_now(it)
+            del it
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """A batch of either road -> normalised float on the device, in the model's channels and memory format."""
@@ -211,6 +269,14 @@ class Runner:
 
         with stage("data wait"):
             xb, yb = self.next_batch()
+        return self.on_batch(xb, yb, sw)
+
+    def on_batch(self, xb: torch.Tensor, yb: torch.Tensor, sw: Stopwatch | None = None) -> Any:
+        """The step on a batch already read (what ``step`` runs after ``next_batch``)."""
+
+        def stage(name: str) -> Any:
+            return sw.stage(name, synchronize=True) if sw is not None else contextlib.nullcontext()
+
         with stage("host->device"):
             x, y = self.prepare(xb), yb.to(self.w.device, non_blocking=True)
         if not self.train:
@@ -238,11 +304,40 @@ class Runner:
         self.forward = self.model = self.optimizer = None
 
 
-def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n`` batches of the user's pipeline, read in-process and held in memory: ``Runner(w, t, batches=...)``
-    then times only the compute step (host->device, forward, backward, optimizer), without the loader."""
-    r = Runner(dataclasses.replace(w, num_workers=0), ())
+def _stop_workers_now(it: Any) -> None:
+    """Terminate a DataLoader iterator's workers instead of letting its shutdown wait for each to finish the
+    batch in hand (a second of decoding that the next variant's block would wait on or pay for).
+
+    Uses the iterator's private ``_workers``; the pids are unregistered from torch's SIGCHLD check first, or
+    the terminated workers would read as crashed. Without those attributes (another torch) the iterator's own
+    shutdown runs, only slower."""
+    workers = getattr(it, "_workers", None)
+    if not workers or not getattr(it, "_worker_pids_set", False):
+        return
+    from torch.utils.data._utils import signal_handling
+
     try:
-        return [r.next_batch() for _ in range(n)]
-    finally:
-        r.close()
+        signal_handling._remove_worker_pids(id(it))
+    except (RuntimeError, AttributeError):
+        return
+    it._worker_pids_set = False
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+
+
+def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` batches of the user's pipeline, read and held in memory: ``Runner(w, t, batches=...)``
+    then times only the compute step (host->device, forward, backward, optimizer), without the loader.
+    Read once per workload (decoding full-size photos in-process takes seconds) and shared by every phase."""
+    have: list[tuple[torch.Tensor, torch.Tensor]] = w.staged
+    if len(have) < n:
+        r = Runner(w, ())  # the user's loader, workers and all: the same batches, read sooner
+        try:
+            for i in range(n):  # the first n batches of a fresh loader: the same ones whoever asks first
+                batch = r.next_batch()
+                if i >= len(have):
+                    have.append(batch)
+        finally:
+            r.close()
+    return have[:n]

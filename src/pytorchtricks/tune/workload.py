@@ -138,6 +138,9 @@ class Workload:
     # one-time builds shared by every configuration (a pack, a RAM cache, a loader sweep) and their seconds
     prepared: dict[str, Any] = field(default_factory=dict)
     prepare_s: dict[str, float] = field(default_factory=dict)
+    staged: list[Any] = field(
+        default_factory=list
+    )  # batches read once, held for the compute step (stage_batches)
 
     @property
     def num_classes(self) -> int:

@@ -5,7 +5,12 @@ oversubscribe, pin_memory is not always faster, a RAM cache only pays when it fi
 one-minute measurement.
 When: once per machine and dataset, before a long run; pass the result's ``best`` to ``make_loader``.
 Caveats: each setting is timed over a few batches after its warm-up batch (worker start-up excluded), one after
-the other, so a busy machine adds noise: compare settings that differ by more than ~10%. The cache, if tried, is
+the other, so a busy machine adds noise: compare settings that differ by more than ~10%. Without ``step`` the
+loader is timed alone, which favours more workers than a training job can afford: pass your training step as
+``step=`` and every batch is consumed by it in this process, so the workers compete with the training threads
+for the cores as they do in your job (on a 2-core CPU a RAM cache is then fastest read in-process, with no
+workers at all). Worker counts are tried first at the first prefetch factor, then the other factors while the
+budget lasts. The cache, if tried, is
 built once (its cost is reported) and reused by later runs with the same key. The sweep stops at ``budget_s``
 (always measuring at least one setting).
 See also: make_loader, cache_in_ram, doctor_data; 预处理提速 / the right num_workers.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,18 +35,47 @@ __all__ = ["autotune_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
 
+Step = Callable[
+    [torch.Tensor, torch.Tensor], Any
+]  # the training step run beside the loader: step(images, labels)
+
 
 def _tune_applies(facts: TuneFacts) -> str | None:
     return unless_input_bound(facts, ("files", "pack"))
 
 
+TUNE_BUDGET_S = 6.0  # the sweep's share of a tune run: every worker count once, with the step beside
+
+
+def _nearest_first(current: int) -> tuple[int, ...]:
+    """Worker counts to sweep (none, half the cores, the cores, twice the cores), the user's count and its
+    neighbours first: a budget that runs out leaves out the settings least likely to win."""
+    cores = len(os.sched_getaffinity(0))
+    counts = {0, max(1, cores // 2), cores, 2 * cores, current}
+    return tuple(sorted(counts, key=lambda n: (abs(n - current), n)))
+
+
 def _tune_prepare(setup: TuneSetup) -> dict[str, Any]:
-    try:  # the loader's own settings; the RAM cache is a candidate of its own (cache_in_ram)
+    # over the dataset as the loader hooks before it left it (the files, a pack, a RAM cache), each setting
+    # timed with the user's step beside the loader; the RAM cache is a candidate of its own (cache_in_ram)
+    try:
         res = autotune_loader(
-            setup.dataset, setup.batch_size, crop=setup.input_size, cache=(False,), budget_s=10
+            setup.dataset,
+            setup.batch_size,
+            crop=setup.input_size,
+            workers=_nearest_first(int(setup.loader_kwargs.get("num_workers", 0))),
+            cache=(False,),
+            budget_s=TUNE_BUDGET_S,
+            batches=3,
+            step=setup.step_beside,
         )
     except PttError as exc:
         raise TuneSkip(str(exc)) from exc
+    rows = [r for r in res.table if "images_per_s" in r]
+    setup.notes.append(
+        "swept with the training step beside the loader: "
+        + ", ".join(f"{r['num_workers']} worker(s) {r['images_per_s']:.0f} images/s" for r in rows)
+    )
     return {k: v for k, v in res.best.items() if k != "crop" and v is not None}
 
 
@@ -58,6 +93,7 @@ TUNE = TuneHook(
     prepare=_tune_prepare,
     order=110,
     requires=("make_loader",),
+    last=True,
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
 )
 
@@ -79,17 +115,26 @@ class AutotuneResult:
         return make_loader(self.dataset, batch_size, **{**self.best, **kwargs})
 
 
-def _time_setting(dataset: Any, batch_size: int, batches: int, kwargs: dict[str, Any]) -> float:
+def _time_setting(
+    dataset: Any, batch_size: int, batches: int, kwargs: dict[str, Any], step: Step | None = None
+) -> float:
     from pytorchtricks.tricks.data.make_loader import make_loader
 
-    loader = make_loader(dataset, batch_size, persistent_workers=False, **kwargs)
-    it = iter(loader)
-    next(it)  # start-up: workers fork, first prefetch
+    with warnings.catch_warnings():  # more workers than cores is a setting under test, not a mistake
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        loader = make_loader(dataset, batch_size, persistent_workers=False, **kwargs)
+        it = iter(loader)
+    first = next(it)  # start-up: workers fork, first prefetch
+    if step is not None:
+        step(*first)  # the step's own warm-up (allocator, kernels) stays out of the timing too
     t0 = now_s()
     n = 0
-    for x, _ in itertools.islice(it, batches):
+    for x, y in itertools.islice(it, batches):
+        if step is not None:
+            step(x, y)
         n += int(x.shape[0])
     seconds = now_s() - t0
+    del it  # stop this setting's workers before the next one starts
     return n / seconds if seconds > 0 and n else 0.0
 
 
@@ -105,9 +150,13 @@ def autotune_loader(
     cache_size: int = 256,
     budget_s: float = 60.0,
     batches: int = 4,
+    step: Step | None = None,
     **cache_kwargs: Any,
 ) -> AutotuneResult:
     """Measure loader settings on ``dataset`` within ``budget_s`` seconds and return the fastest (images/s).
+
+    ``step(x, y)``, when given, is called on every batch in this process (your training step): the rate is then
+    that of the loop, loader and step together, and the winner is the setting your job runs fastest with.
 
     Example:
         >>> ds = [(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8), 0) for _ in range(40)]
@@ -144,14 +193,15 @@ def autotune_loader(
                 table.append({"cache": True, "skipped": str(caught[-1].message) if caught else "refused"})
                 continue
             data = cached
-        for w, pf, pin in itertools.product(workers, prefetch_factors, pins):
+        # every worker count first (it matters most), then the other prefetch factors while the budget lasts
+        for pf, w, pin in itertools.product(prefetch_factors, workers, pins):
             if w == 0 and pf != prefetch_factors[0]:
                 continue  # prefetch_factor means nothing without workers
             if deadline.expired and table:
                 break
             kw = {"crop": crop, "num_workers": w, "prefetch_factor": pf if w else None, "pin_memory": pin}
-            ips = _time_setting(data, batch_size, batches, kw)
-            table.append({"cache": use_cache, **kw, "images_per_s": ips})
+            ips = _time_setting(data, batch_size, batches, kw, step)
+            table.append({"cache": use_cache, **kw, "images_per_s": ips, "with_step": step is not None})
     timed = [r for r in table if "images_per_s" in r]
     if len(timed) < 2:
         warnings.warn(
