@@ -156,3 +156,42 @@ def test_write_results_replaces_the_pair(tmp_path):
     assert (tmp_path / "sub" / "bench.jsonl").read_text().splitlines() == ['{"a": 3}']
     assert (tmp_path / "sub" / "bench.md").read_text() == "# second\n"
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["bench.jsonl", "bench.md"]
+
+
+def test_compare_single_call_variants_skip_warmup_and_report_per_unit() -> None:
+    calls: list[str] = []
+    warmed: list[str] = []
+
+    def make(name: str):
+        def fn() -> None:
+            calls.append(name)
+
+        return fn
+
+    cmp = m.compare(
+        {"baseline": make("a"), "slow": make("b")},
+        rounds=3,
+        min_run_time_s=0.0,
+        warmup=1,
+        before_block=warmed.append,
+        single_call={"slow"},
+        units_per_call={"slow": 4},
+    )
+    assert calls.count("b") == 3  # no warm-up call, one call per block (min_run_time 0)
+    assert warmed.count("slow") == 3  # its before_block ran before every block
+    # per unit: the recorded time is a quarter of the call's
+    assert all(t >= 0 for t in cmp["slow"].stats.times_s)
+
+
+def test_compare_stops_at_its_budget_after_min_rounds() -> None:
+    import time as _t
+
+    cmp = m.compare(
+        {"baseline": lambda: _t.sleep(0.02), "b": lambda: _t.sleep(0.02)},
+        rounds=50,
+        min_run_time_s=0.0,
+        warmup=0,
+        budget_s=0.2,
+        single_call={"baseline", "b"},
+    )
+    assert 3 <= cmp.rounds < 50 and len(cmp.order) == cmp.rounds

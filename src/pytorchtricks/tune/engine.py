@@ -209,10 +209,12 @@ def measure_variants(
     on_round: Callable[[int], None] | None = None,
     batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     whole_step: tuple[str, ...] = (),
+    min_block_s: float | None = None,
 ) -> tuple[dict[str, Measured], Comparison]:
     """Build a Runner per variant and time them interleaved (first variant is the reference).
 
-    ``step_s``: the expected seconds per call, of every variant or per variant (what the rounds are planned on).
+    ``step_s``: the expected seconds per call, of every variant or per variant (what the rounds are planned on);
+    ``min_block_s``: the shortest timed block, whatever the plan.
     With ``batches`` every variant cycles over those in-memory batches (the compute step alone), except the
     variants named in ``whole_step``, which read through their loader (the whole step). Memory is measured for
     the staged variants only (a loader's worker processes would fork inside the meter).
@@ -230,6 +232,7 @@ def measure_variants(
         whole = {n for n in variants if n not in staged}
         plan = plan_blocks(steps, whole, budget_s, memory, max([units[n] for n in whole], default=1))
         rounds, min_rt, memory = plan if plan is not None else (3, MIN_BLOCK_S, False)
+        min_rt = max(min_rt, min_block_s or 0.0)
         cmp = compare(
             {n: _steps(r, units[n]) for n, r in runners.items()},
             baseline=next(iter(variants)),

@@ -44,12 +44,14 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         _, step_s = time_call(probe.step, w.device)
     finally:
         probe.close()
+    want_s = float((p.get("combined") or {}).get("median_s") or step_s)
     meas, _ = measure_variants(
         w,
         {"baseline": (), "recommended": rec},
-        step_s=step_s * steps,
+        step_s={"baseline": step_s, "recommended": want_s},
         budget_s=budget_s,
         memory=True,
+        min_block_s=steps * want_s,  # every timed block >= ``steps`` steps of the recommended configuration
     )
     got, want = meas["recommended"], p["combined"]
     ok = want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE

@@ -65,3 +65,26 @@ def test_refused_cache_is_reported_not_used(jpegs, tmp_path):
 def test_misuse():
     with pytest.raises(PttError, match="at least"):
         autotune_loader(_photo_bytes(4), 8)
+
+
+def test_the_step_runs_beside_the_loader_on_every_batch(jpegs):
+    seen: list[tuple[int, ...]] = []
+
+    def step(x, y):
+        seen.append(tuple(x.shape))
+
+    r = autotune_loader(
+        jpegs, 8, crop=32, workers=(0, 1), prefetch_factors=(2,), cache=(False,), batches=2, step=step
+    )
+    timed = [row for row in r.table if "images_per_s" in row]
+    assert len(timed) == 2 and all(row["with_step"] for row in timed)
+    # each setting: its warm-up batch and the timed ones, all through the step
+    assert len(seen) == 2 * (1 + 2) and set(seen) == {(8, 3, 32, 32)}
+
+
+def test_worker_counts_come_before_other_prefetch_factors(jpegs):
+    r = autotune_loader(
+        jpegs, 8, crop=32, workers=(0, 1, 2), prefetch_factors=(2, 4), cache=(False,), batches=1
+    )
+    order = [(row["num_workers"], row["prefetch_factor"]) for row in r.table]
+    assert order[:3] == [(0, None), (1, 2), (2, 2)]

@@ -1,0 +1,58 @@
+"""How tune plans and orders its measurements: per-variant cost plans, the sweep that tunes what the others built,
+ties inside an exclusive group, and the one-time state kept per configuration it was built on."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytorchtricks.tune import engine
+from pytorchtricks.tune.engine import Measured, plan_blocks
+from pytorchtricks.tune.hooks import by_name
+from pytorchtricks.tune.runner import prepare_key
+
+
+def _m(name: str, ratio: float, q1: float, q3: float) -> Measured:
+    return Measured(
+        name, (name,), 1 / ratio, 1 / ratio, 1 / ratio, 32 * ratio, ratio, q1, q3, 3, None, None, "step"
+    )
+
+
+def test_plan_blocks_fits_more_rounds_into_more_time_and_refuses_what_cannot_fit():
+    steps = {"baseline": 1.0, "cache_in_ram": 0.3}
+    short = plan_blocks(steps, set(steps), 20.0, memory=False, whole_units=2)
+    long = plan_blocks(steps, set(steps), 120.0, memory=False, whole_units=2)
+    assert short is not None and long is not None and long[0] > short[0]
+    assert plan_blocks(steps, set(steps), 5.0, memory=False, whole_units=2) is None
+    # a call of a whole-step variant is one step per loader worker: two workers cost twice as much time
+    assert plan_blocks(steps, set(steps), 20.0, memory=False, whole_units=4) is None
+
+
+def test_the_loader_sweep_is_tried_after_every_other_winner():
+    assert by_name("autotune_loader").hook.last and not by_name("cache_in_ram").hook.last
+    meas = {
+        "autotune_loader": _m("autotune_loader", 5.0, 4.9, 5.1),
+        "cache_in_ram": _m("cache_in_ram", 3.0, 2.9, 3.1),
+    }
+    ranked = sorted(meas, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
+    assert ranked == ["cache_in_ram", "autotune_loader"]
+
+
+@pytest.mark.parametrize(
+    ("pack", "expected_first"),
+    [
+        ((3.4, 3.2, 3.5), "cache_in_ram"),  # a tie within the spread: the lower-order hook (the RAM cache)
+        ((5.0, 4.8, 5.2), "pack[resize]"),  # clearly better: its first quartile above the cache's median
+    ],
+)
+def test_ties_inside_an_exclusive_group_go_to_the_lower_order_hook(pack, expected_first):
+    meas = {"pack[resize]": _m("pack[resize]", *pack), "cache_in_ram": _m("cache_in_ram", 3.3, 3.1, 3.5)}
+    ranked = sorted(meas, key=lambda n: -meas[n].ratio)
+    assert engine._group_ties_first(ranked, meas)[0] == expected_first
+
+
+def test_a_sweep_over_a_cache_is_kept_apart_from_the_sweep_over_the_files():
+    assert prepare_key("autotune_loader", ("make_loader",)) == "autotune_loader"
+    assert (
+        prepare_key("autotune_loader", ("cache_in_ram", "make_loader")) == "autotune_loader on cache_in_ram"
+    )
+    assert prepare_key("cache_in_ram", ("to_channels_last",)) == "cache_in_ram"  # model tricks do not matter
