@@ -41,7 +41,7 @@ from pytorchtricks.tunable import TuneFacts, TuneSkip
 from pytorchtricks.tune.candidates import Check, check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
-from pytorchtricks.tune.runner import Runner, prepare_all, stage_batches
+from pytorchtricks.tune.runner import Runner, prepare_all, prepare_key, stage_batches
 from pytorchtricks.tune.workload import Workload, build_workload
 
 MARGIN = 0.05  # a win must clear 1.05x at the first quartile: borderline tricks would flip between runs
@@ -463,15 +463,16 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
 
 def _group_ties_first(ranked: list[str], meas: dict[str, Measured]) -> list[str]:
     """Within a group of exclusive tricks (e.g. the dataset: a RAM cache or a pack) the combination takes the
-    first. When the best is not clearly better than another member (its first quartile under their median), they
-    tie, and the one of lower hook ``order`` goes first: noise then cannot make two runs pick different tricks."""
+    first. When the best is not clearly better than another member (its first quartile not above their third:
+    the spreads overlap), they tie, and the one of lower hook ``order`` goes first: noise then cannot make two runs
+    pick different tricks."""
     out = list(ranked)
     for name in ranked:
         group = by_name(name).hook.group
         members = [n for n in out if group and by_name(n).hook.group == group]
         if not members or members[0] != name:
             continue
-        ties = [n for n in members if meas[name].ratio_q1 < meas[n].ratio]
+        ties = [n for n in members if meas[name].ratio_q1 <= meas[n].ratio_q3]
         pick = min(ties, key=lambda n: (by_name(n).hook.order, n))
         if pick != name:
             out.remove(pick)
@@ -541,8 +542,29 @@ def _check_part_and_whole(cmp: Comparison, res: TuneResult) -> None:
         )
 
 
-def _verify_cost_share(dl: Deadline) -> float:
-    return 0.55 * _left(dl)
+PREPARE_ALLOWANCE_S = (
+    10.0  # a one-time build met in the combination (a loader sweep: 6 s + its workers' starts)
+)
+
+
+def _verify_need_s(w: Workload, res: TuneResult, combo: tuple[str, ...]) -> float:
+    """Seconds the verify run of ``combo`` needs: baseline and combination, 3 rounds of the shortest blocks, the
+    check of the combination and the after-split (the cost model of ``plan_blocks``)."""
+    units = max(1, w.num_workers)
+    steps = {"baseline": _step_estimate(res, ()), "combined": _step_estimate(res, combo)}
+    calls = [v * units for v in steps.values()]
+    rounds = 3
+    return sum(calls) + rounds * (1.5 * sum(calls) + len(calls) * MIN_BLOCK_S) + 6 * steps["combined"] + 3.0
+
+
+def _needs_build(w: Workload, tricks: tuple[str, ...]) -> bool:
+    """Whether a configuration needs a one-time build not made yet (a prepare under a key not yet built)."""
+    done: tuple[str, ...] = ()
+    for name in with_requirements(tricks):
+        if by_name(name).hook.prepare is not None and prepare_key(name, done) not in w.prepared:
+            return True
+        done = (*done, name)
+    return False
 
 
 def _step_estimate(res: TuneResult, tricks: tuple[str, ...]) -> float:
@@ -597,6 +619,22 @@ def _phase_combine(
             prog.advance()
             continue
         trial = (*current, name)
+        # the verify run of the larger combination comes first; a one-time build this addition needs (e.g. the
+        # loader sweep over the chosen dataset) is paid before its measurement
+        build = PREPARE_ALLOWANCE_S if _needs_build(w, trial) else 0.0
+        share = (_left(dl) - _verify_need_s(w, res, trial) - build) / max(
+            1, 1 + _to_try(trial, winners[i + 2 :])
+        )
+        pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
+        if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
+            # no time to test the addition: it stays out (an untested addition can cost what the others won,
+            # e.g. loader settings swept without the step beside them)
+            res.combination.append(
+                {"with": list(current), "add": name, "kept": False,
+                 "reason": "not tried: no time left to test the addition and verify it (raise --time-budget)"}
+            )  # fmt: skip
+            prog.advance()
+            continue
         chk = check(w, trial)
         step: dict[str, Any] = {
             "with": list(current),
@@ -606,17 +644,6 @@ def _phase_combine(
         }
         if not chk.passed:
             step.update(kept=False, reason=f"conflict: the combination fails its check ({chk.detail})")
-            res.combination.append(step)
-            prog.advance()
-            continue
-        share = (_left(dl) - _verify_cost_share(dl)) / max(1, 1 + _to_try(trial, winners[i + 2 :]))
-        pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
-        if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
-            # no time to test the addition: it stays out (an untested addition can cost what the others won,
-            # e.g. loader settings swept without the step beside them)
-            step.update(
-                kept=False, reason="not tried: no time left to test the addition (raise --time-budget)"
-            )
             res.combination.append(step)
             prog.advance()
             continue
