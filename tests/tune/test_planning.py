@@ -56,3 +56,30 @@ def test_a_sweep_over_a_cache_is_kept_apart_from_the_sweep_over_the_files():
         prepare_key("autotune_loader", ("cache_in_ram", "make_loader")) == "autotune_loader on cache_in_ram"
     )
     assert prepare_key("cache_in_ram", ("to_channels_last",)) == "cache_in_ram"  # model tricks do not matter
+
+
+def test_one_time_builds_say_what_they_leave_and_a_sweep_over_a_cache_is_its_own(
+    tmp_path, models_file, jpeg_folder, monkeypatch
+):
+    from pytorchtricks.tricks.data.cache_in_ram import remove_arenas
+    from pytorchtricks.tune.runner import prepare_all
+    from pytorchtricks.tune.workload import build_workload
+
+    monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path / "cache"))
+    w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16)
+    arena = None
+    try:
+        prepare_all(w, ("pack",))
+        assert any("tune-pack-" in n and "rm -r" in n for n in w.notes)  # where it stays and how to remove it
+        prepare_all(w, ("cache_in_ram", "autotune_loader"))
+        arena = w.prepared["cache_in_ram"]
+        assert any(arena.path in n for n in w.notes)  # the arena in /dev/shm, said with its size
+        # the sweep over the cache is another sweep than the one over the files, timed with the step beside
+        assert "autotune_loader on cache_in_ram" in w.prepared and "autotune_loader" not in w.prepared
+        assert any(
+            n.startswith("autotune_loader on cache_in_ram: swept with the training step") for n in w.notes
+        )
+        assert {"num_workers", "pin_memory"} <= set(w.prepared["autotune_loader on cache_in_ram"])
+    finally:
+        if arena is not None:
+            remove_arenas([arena.path])

@@ -780,6 +780,9 @@ def run_tune(
         res.notes.append("interrupted (Ctrl-C): the receipt holds what was measured before that")
     finally:
         prog.done()
+    # what the one-time builds said while the run went on (an arena left in /dev/shm, a pack left on disk: where,
+    # how big, how to remove it)
+    res.notes.extend(n for n in dict.fromkeys(w.notes) if n not in res.notes)
     res.elapsed_s = dl.elapsed_s
     if dl.elapsed_s > budget:
         res.notes.append(

@@ -57,7 +57,12 @@ def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
     else:
         with open(side, encoding="utf-8") as fh:
             build_s, reused = float(json.load(fh)["build_s"]), True
-    return {"path": dst, "build_s": build_s, "reused": reused, "bytes": int(summary["bytes_out"])}
+    size = int(summary["bytes_out"])
+    setup.notes.append(
+        f"the pack {'reused' if reused else 'written'} at {dst} ({size / 2**20:.0f} MiB) stays for later runs: "
+        f"remove it with `rm -r {dst} {side}`"
+    )
+    return {"path": dst, "build_s": build_s, "reused": reused, "bytes": size}
 
 
 def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
