@@ -83,3 +83,39 @@ def test_one_time_builds_say_what_they_leave_and_a_sweep_over_a_cache_is_its_own
     finally:
         if arena is not None:
             remove_arenas([arena.path])
+
+
+def test_dataset_on_device_skips_on_cpu_and_its_configuration_is_checked_and_runs(
+    tmp_path, models_file, jpeg_folder, monkeypatch
+):
+    """On CUDA tune measures it; on this CPU it is listed with the reason. The configuration itself (decode once,
+    resident tensors, batches cropped where they live) runs and passes tune's data check on any device."""
+    import torch
+
+    from pytorchtricks.tunable import TuneFacts
+    from pytorchtricks.tune.candidates import check, why_not
+    from pytorchtricks.tune.runner import Runner, prepare_all
+    from pytorchtricks.tune.workload import build_workload
+
+    cand = by_name("dataset_on_device")
+    assert "CPU" in why_not(cand, TuneFacts(device="cpu", verdict="input-bound", data_kind="files"))
+    assert why_not(cand, TuneFacts(device="cuda", verdict="input-bound", data_kind="files")) is None
+    assert cand.hook.group == by_name("cache_in_ram").hook.group  # one of the tricks that replace the dataset
+    monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path / "cache"))
+    w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16)
+    prepare_all(w, ("dataset_on_device",))
+    state = w.prepared["dataset_on_device"]
+    n = len(w.dataset)
+    assert (
+        state["images"].shape == (n, 3, state["side"], state["side"]) and state["images"].dtype == torch.uint8
+    )
+    chk = check(w, ("dataset_on_device",))
+    assert chk.passed, chk.detail
+    assert f"{n} samples once each" in chk.detail and chk.metrics["psnr_db"] >= 30
+    r = Runner(w, ("dataset_on_device",))
+    try:
+        x, y = r.next_batch()
+        assert x.shape == (4, 3, 16, 16) and x.dtype == torch.uint8 and y.shape == (4,)
+        assert r.step() is not None  # the training step on a batch cropped where the images live
+    finally:
+        r.close()

@@ -168,6 +168,13 @@ def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
     r = Runner(w, tricks, loader=False)
     try:
         s = r.setup
+        if s.loader == "device":  # resident on the device: its own batching, checked the same way
+            from pytorchtricks.tune.datacheck import check_device_data
+
+            side = int(s.dataset.images.shape[-1])
+            got = check_device_data(s.dataset, w.labels, w.files, size=w.input_size, side=side)
+            metrics = {"psnr_db": got.psnr_db} if got.psnr_db is not None else {}
+            return Check("data: every sample once, labels, dtype/shape, pixels", got.ok, got.detail, metrics)
         got = check_data(
             s.dataset,
             w.labels,

@@ -158,3 +158,43 @@ def label_array(dataset: Any) -> np.ndarray:
     from pytorchtricks.tricks.data._images import read_item
 
     return np.asarray([read_item(dataset, i)[1] for i in range(len(dataset))], dtype=np.int64)
+
+
+def check_device_data(
+    device_data: Any, labels: Sequence[int], files: Sequence[str] | None, *, size: int, side: int
+) -> DataCheck:
+    """The same checks for a dataset resident on the device (``ptt.dataset_on_device``): one epoch of its own
+    batching over the stored images with each sample's index as its label (every sample once), the labels it
+    holds against the dataset's, batches uint8 ``[N, C, size, size]``, and the stored pixels (decoded once at
+    ``side``, resize + centre crop) against PIL's decode on the same box."""
+    from pytorchtricks.tricks.data.dataset_on_device import dataset_on_device
+
+    images, held = device_data.images, device_data.labels
+    n = int(images.shape[0])
+    probe = dataset_on_device(
+        images, torch.arange(n, device=images.device), min(device_data.batch_size, n), device=images.device,
+        shuffle=True, drop_last=False, augment=device_data.augment,
+    )  # fmt: skip
+    seen: list[int] = []
+    for x, y in probe:
+        if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
+            return DataCheck(
+                "data", False, f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
+            )
+        seen.extend(int(i) for i in y.cpu())
+    if sorted(seen) != list(range(n)):
+        return DataCheck("data", False, f"one epoch of {n} samples: {n - len(set(seen))} missing or repeated")
+    if Counter(int(v) for v in held.cpu()) != Counter(int(labels[i]) for i in range(n)):
+        return DataCheck("data", False, "the labels held on the device differ from the dataset's")
+    detail = f"{n} samples once each per epoch, labels kept, uint8 [N, C, {size}, {size}] on {images.device}"
+    if files is None:
+        return DataCheck("data", True, detail + "; no pixel check (no source files)")
+    k = min(16, n)
+    ref = reference_pixels(files[:k], side)
+    values = sorted(psnr_db(images[i].cpu(), ref[i]) for i in range(k))
+    median, worst = values[k // 2], values[0]
+    ok = median >= MIN_PSNR_DB
+    detail += (
+        f"; stored pixels {median:.1f} dB PSNR median of {k} (worst {worst:.1f}) vs PIL decode at {side} px"
+    )
+    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median)

@@ -174,12 +174,14 @@ class Runner:
     def _build_loader(self) -> Any:
         s, w = self.setup, self.w
         size = (w.input_size, w.width or w.input_size)
-        if s.loader == "ptt":
+        if s.loader == "device":  # a dataset resident on the device (dataset_on_device) is its own loader
+            loader: Any = s.dataset
+        elif s.loader == "ptt":
             from pytorchtricks.tricks.data.make_loader import make_loader
 
             kw = dict(s.loader_kwargs)
             kw.setdefault("persistent_workers", False)  # workers live only while their variant is timed
-            loader: Any = make_loader(
+            loader = make_loader(
                 s.dataset,
                 w.batch_size,
                 crop=size,
