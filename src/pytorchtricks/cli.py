@@ -212,7 +212,9 @@ def _add_tune(sub: Any) -> None:
         "tune", help="diagnose, A/B-measure every applicable trick, combine the winners, write a receipt"
     )
     p.add_argument(
-        "--model", help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18)"
+        "--model",
+        help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18); the last two "
+        "import or run that code and call the factory - give only code you trust",
     )
     p.add_argument(
         "--data",

@@ -143,3 +143,29 @@ def test_cli_tune_takes_input_shape_and_num_workers():
 
     args = build_parser().parse_args(["tune", "--input-shape", "1,28,28", "--num-workers", "2"])
     assert (args.input_shape, args.num_workers) == ("1,28,28", 2)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("os:abort", "built-in function"),  # would abort the process if called
+        ("sys:exit", "built-in function"),  # would exit 0 without a word
+        ("collections:OrderedDict", "not an nn.Module"),
+    ],
+)
+def test_model_specs_that_are_not_factories_are_refused_before_any_call(spec, needle):
+    from pytorchtricks.bench.workloads import load_model
+    from pytorchtricks.core import PttError
+
+    with pytest.raises(PttError, match=needle):
+        load_model(spec)
+
+
+def test_a_factory_that_exits_is_an_error_not_an_exit(tmp_path):
+    from pytorchtricks.bench.workloads import load_model
+    from pytorchtricks.core import PttError
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys\n\ndef main():\n    sys.exit(2)\n", encoding="utf-8")
+    with pytest.raises(PttError, match="tried to exit the process"):
+        load_model(f"{script}:main")

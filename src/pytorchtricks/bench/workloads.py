@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -38,6 +39,10 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
     """Build a model from a spec: ``torchvision:NAME``, ``package.module:factory`` or ``path/to/file.py:factory``.
 
     torchvision models get random weights (nothing is downloaded). Errors say what failed and how to fix it.
+    ``package.module:factory`` imports the module and ``path/to/file.py:factory`` runs the file's top-level code,
+    then the factory is called: both execute code, as ``python -c "import ..."`` would - give only specs you trust.
+    Built-in functions and classes that are not ``nn.Module`` are refused before any call; a factory that exits
+    the process (``SystemExit``) or returns something else than an ``nn.Module`` is an error.
 
     Example:
         >>> type(load_model("torch.nn:Identity")).__name__
@@ -63,8 +68,20 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
         factory = getattr(module, name, None)  # type: ignore[assignment]
         if factory is None or not callable(factory):
             raise PttError(f"{where} has no callable {name!r}; check the name after the colon in {spec!r}.")
+        if inspect.isbuiltin(factory) or (
+            isinstance(factory, type) and not issubclass(factory, nn.Module)
+        ):  # os:abort, sys:exit, builtins:print ... are not model factories: refused before they are called
+            raise PttError(
+                f"{spec} is {'a built-in function' if inspect.isbuiltin(factory) else 'a class that is not an nn.Module'}"
+                ", not a model factory; --model must name a function or nn.Module class that returns the model."
+            )
     try:
         model = factory(**kwargs)
+    except SystemExit as exc:  # e.g. a script's main() parsing our command line with its own argparse
+        raise PttError(
+            f"calling {spec} tried to exit the process (SystemExit {exc.code!r}); name a factory that builds and "
+            "returns the model instead of a script's entry point."
+        ) from exc
     except Exception as exc:
         raise PttError(
             f"calling {spec} failed: {type(exc).__name__}: {exc}. Fix the factory or its arguments."
