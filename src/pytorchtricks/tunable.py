@@ -188,6 +188,17 @@ class TuneHook:
         return "step" if self.changes == "loader" else "compute"
 
 
+def stored_side(input_size: int) -> int:
+    """The short side a data trick keeps its images at (a RAM cache, a resized pack, a device-resident set) so that
+    RandomResizedCrop's smallest crop (8% of the area) still covers the input size.
+
+    Example:
+        >>> stored_side(32)
+        113
+    """
+    return max(input_size, round(input_size / 0.08**0.5))
+
+
 def unless_input_bound(facts: TuneFacts, kinds: tuple[str, ...] = ("files", "pack")) -> str | None:
     """The ``applies`` of a loader trick: why it cannot help unless the data is of ``kinds`` and the step waits
     on its input (None: it can)."""

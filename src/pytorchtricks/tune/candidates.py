@@ -163,26 +163,23 @@ def _approx(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tens
 
 
 def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
-    from pytorchtricks.tune.datacheck import check_data
+    from pytorchtricks.tune.datacheck import check_data, check_device_data
 
     r = Runner(w, tricks, loader=False)
     try:
         s = r.setup
         if s.loader == "device":  # resident on the device: its own batching, checked the same way
-            from pytorchtricks.tune.datacheck import check_device_data
-
             side = int(s.dataset.images.shape[-1])
             got = check_device_data(s.dataset, w.labels, w.files, size=w.input_size, side=side)
-            metrics = {"psnr_db": got.psnr_db} if got.psnr_db is not None else {}
-            return Check("data: every sample once, labels, dtype/shape, pixels", got.ok, got.detail, metrics)
-        got = check_data(
-            s.dataset,
-            w.labels,
-            w.files,
-            batch_size=w.batch_size,
-            size=w.input_size,
-            loader_kwargs=s.loader_kwargs,
-        )
+        else:
+            got = check_data(
+                s.dataset,
+                w.labels,
+                w.files,
+                batch_size=w.batch_size,
+                size=w.input_size,
+                loader_kwargs=s.loader_kwargs,
+            )
     finally:
         r.close()
     metrics = {"psnr_db": got.psnr_db} if got.psnr_db is not None else {}

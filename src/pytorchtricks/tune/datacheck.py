@@ -114,10 +114,8 @@ def check_data(
             t_first = now_s()
         else:
             after_first += int(x.shape[0])
-        if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
-            return DataCheck(
-                "data", False, f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
-            )
+        if (problem := _batch_problem(x, size)) is not None:
+            return DataCheck("data", False, problem)
         if y.dtype != torch.int64:
             return DataCheck("data", False, f"labels are {y.dtype}, not int64")
         seen.extend(int(i) for i in y)
@@ -137,13 +135,28 @@ def check_data(
         return DataCheck("data", True, detail + "; no pixel check (no source files)", sample_s=sample_s)
     k = min(16, n)
     ev = make_loader(FirstSamples(dataset, k, index_labels=True), k, crop=size, mode="eval", num_workers=0)
-    got = next(iter(ev))[0]
-    ref = reference_pixels(files[:k], size)
-    values = sorted(psnr_db(got[i], ref[i]) for i in range(k))
+    return _pixel_check(next(iter(ev))[0], files[:k], size, detail, sample_s)
+
+
+def _batch_problem(x: torch.Tensor, size: int) -> str | None:
+    if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
+        return f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
+    return None
+
+
+def _pixel_check(
+    got: torch.Tensor, files: Sequence[str], size: int, detail: str, sample_s: float | None = None
+) -> DataCheck:
+    """``got[i]`` (uint8, the evaluation box at ``size``) against PIL's decode of ``files[i]`` on the same box:
+    the median PSNR must reach ``MIN_PSNR_DB``."""
+    k = len(files)
+    ref = reference_pixels(files, size)
+    values = sorted(psnr_db(got[i].cpu(), ref[i]) for i in range(k))
     median, worst = values[k // 2], values[0]
     ok = median >= MIN_PSNR_DB
     detail += (
         f"; pixels {median:.1f} dB PSNR median of {k} (worst {worst:.1f}) vs PIL decode + Resize + CenterCrop"
+        f" at {size} px"
     )
     return DataCheck(
         "data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median, sample_s=sample_s
@@ -177,10 +190,8 @@ def check_device_data(
     )  # fmt: skip
     seen: list[int] = []
     for x, y in probe:
-        if x.dtype != torch.uint8 or x.dim() != 4 or tuple(x.shape[2:]) != (size, size):
-            return DataCheck(
-                "data", False, f"batches are {x.dtype} {tuple(x.shape)}, not uint8 [N, C, {size}, {size}]"
-            )
+        if (problem := _batch_problem(x, size)) is not None:
+            return DataCheck("data", False, problem)
         seen.extend(int(i) for i in y.cpu())
     if sorted(seen) != list(range(n)):
         return DataCheck("data", False, f"one epoch of {n} samples: {n - len(set(seen))} missing or repeated")
@@ -190,11 +201,4 @@ def check_device_data(
     if files is None:
         return DataCheck("data", True, detail + "; no pixel check (no source files)")
     k = min(16, n)
-    ref = reference_pixels(files[:k], side)
-    values = sorted(psnr_db(images[i].cpu(), ref[i]) for i in range(k))
-    median, worst = values[k // 2], values[0]
-    ok = median >= MIN_PSNR_DB
-    detail += (
-        f"; stored pixels {median:.1f} dB PSNR median of {k} (worst {worst:.1f}) vs PIL decode at {side} px"
-    )
-    return DataCheck("data", ok, detail + ("" if ok else f" < {MIN_PSNR_DB:.0f} dB"), psnr_db=median)
+    return _pixel_check(images[:k], files[:k], side, detail + "; stored")

@@ -162,13 +162,6 @@ def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, flo
 MIN_BLOCK_S = 0.25  # the shortest timed block worth having (one call of a slow step is always timed anyway)
 
 
-def plan_rounds(
-    n_variants: int, step_s: float, budget_s: float, memory: bool = True
-) -> tuple[int, float, bool] | None:
-    """``plan_blocks`` for ``n_variants`` staged variants of ``step_s`` seconds each."""
-    return plan_blocks({str(i): step_s for i in range(n_variants)}, (), budget_s, memory)
-
-
 def plan_blocks(
     steps_s: dict[str, float],
     whole: tuple[str, ...] | set[str],
@@ -597,81 +590,66 @@ def _phase_combine(
     w: Workload, res: TuneResult, winners: list[str], dl: Deadline, goal: str, prog: Progress
 ) -> tuple[str, ...]:
     """Greedy: add winners best first; keep one only when the combination is still correct and still gains."""
-    diag = res.diagnosis
-    assert diag is not None
     current: tuple[str, ...] = (winners[0],)
     prog.phase("combine winners greedily", len(winners) - 1)
     for i, name in enumerate(winners[1:]):
-        group = by_name(name).hook.group
-        taken = [n for n in current if group and by_name(n).hook.group == group]
-        if name in with_requirements(current):  # e.g. make_loader, which the RAM cache already reads through
-            res.combination.append(
-                {"with": list(current), "add": name, "kept": True,
-                 "reason": f"already part of {' + '.join(current)} (a requirement)"}
-            )  # fmt: skip
-            prog.advance()
-            continue
-        if taken:  # both replace the same thing (e.g. the dataset): the better one, already in, stays
-            res.combination.append(
-                {"with": list(current), "add": name, "kept": False,
-                 "reason": f"exclusive with {taken[0]}: both replace the {group}"}
-            )  # fmt: skip
-            prog.advance()
-            continue
-        trial = (*current, name)
-        # the verify run of the larger combination comes first; a one-time build this addition needs (e.g. the
-        # loader sweep over the chosen dataset) is paid before its measurement
-        build = PREPARE_ALLOWANCE_S if _needs_build(w, trial) else 0.0
-        share = (_left(dl) - _verify_need_s(w, res, trial) - build) / max(
-            1, 1 + _to_try(trial, winners[i + 2 :])
-        )
-        pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
-        if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
-            # no time to test the addition: it stays out (an untested addition can cost what the others won,
-            # e.g. loader settings swept without the step beside them)
-            res.combination.append(
-                {"with": list(current), "add": name, "kept": False,
-                 "reason": "not tried: no time left to test the addition and verify it (raise --time-budget)"}
-            )  # fmt: skip
-            prog.advance()
-            continue
-        chk = check(w, trial)
-        step: dict[str, Any] = {
-            "with": list(current),
-            "add": name,
-            "check": chk.detail,
-            "check_passed": chk.passed,
-        }
-        if not chk.passed:
-            step.update(kept=False, reason=f"conflict: the combination fails its check ({chk.detail})")
-            res.combination.append(step)
-            prog.advance()
-            continue
-        _, cmp = measure_variants(
-            w, {"without": current, "with": trial}, step_s=pair, budget_s=share, memory=False
-        )
-        q1, med, q3 = paired_ratio(cmp, "without", "with")
-        fix = bool(by_name(name).hook.fixes) and by_name(name).exact
-        # a real gain on the whole step: the median clears the margin and the first quartile clears 1 (a trick
-        # on the candidate bar whose gain the whole step dilutes is dropped in every run, not in some)
-        keep = (q1 > 1.0 and med >= 1 + MARGIN) or (fix and q3 >= 1 - MARGIN) or goal == "memory"
-        step.update(
-            gain=med,
-            gain_q1=q1,
-            gain_q3=q3,
-            kept=keep,
-            reason=(
-                f"adds {med:.2f}x (IQR {q1:.2f}-{q3:.2f}) on top"
-                if keep
-                else f"gain vanished in the combination: {med:.2f}x (IQR {q1:.2f}-{q3:.2f})"
-            ),
-        )
+        step = _addition(w, res, current, name, winners[i + 2 :], dl, goal)
         res.combination.append(step)
-        if keep:
-            current = trial
+        if step["kept"] and name not in with_requirements(current):
+            current = (*current, name)
         prog.advance()
     res.phases_done.append("combine")
     return current
+
+
+def _addition(
+    w: Workload,
+    res: TuneResult,
+    current: tuple[str, ...],
+    name: str,
+    rest: list[str],
+    dl: Deadline,
+    goal: str,
+) -> dict[str, Any]:
+    """The combination's record of adding ``name`` to ``current`` (``kept``, ``reason``, the measured gain)."""
+    said: dict[str, Any] = {"with": list(current), "add": name}
+    group = by_name(name).hook.group
+    taken = [n for n in current if group and by_name(n).hook.group == group]
+    if name in with_requirements(current):  # e.g. make_loader, which the RAM cache already reads through
+        return said | {"kept": True, "reason": f"already part of {' + '.join(current)} (a requirement)"}
+    if taken:  # both replace the same thing (e.g. the dataset): the better one, already in, stays
+        return said | {"kept": False, "reason": f"exclusive with {taken[0]}: both replace the {group}"}
+    trial = (*current, name)
+    # the verify run of the larger combination comes first; a one-time build this addition needs (e.g. the
+    # loader sweep over the chosen dataset) is paid before its measurement
+    build = PREPARE_ALLOWANCE_S if _needs_build(w, trial) else 0.0
+    share = (_left(dl) - _verify_need_s(w, res, trial) - build) / max(1, 1 + _to_try(trial, rest))
+    pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
+    if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
+        # no time to test the addition: it stays out (an untested addition can cost what the others won,
+        # e.g. loader settings swept without the step beside them)
+        reason = "not tried: no time left to test the addition and verify it (raise --time-budget)"
+        return said | {"kept": False, "reason": reason}
+    chk = check(w, trial)
+    said |= {"check": chk.detail, "check_passed": chk.passed}
+    if not chk.passed:
+        return said | {"kept": False, "reason": f"conflict: the combination fails its check ({chk.detail})"}
+    _, cmp = measure_variants(
+        w, {"without": current, "with": trial}, step_s=pair, budget_s=share, memory=False
+    )
+    q1, med, q3 = paired_ratio(cmp, "without", "with")
+    fix = bool(by_name(name).hook.fixes) and by_name(name).exact
+    # a real gain on the whole step: the median clears the margin and the first quartile clears 1 (a trick on
+    # the candidate bar whose gain the whole step dilutes is dropped in every run, not in some)
+    keep = (q1 > 1.0 and med >= 1 + MARGIN) or (fix and q3 >= 1 - MARGIN) or goal == "memory"
+    spread = f"{med:.2f}x (IQR {q1:.2f}-{q3:.2f})"
+    return said | {
+        "gain": med,
+        "gain_q1": q1,
+        "gain_q3": q3,
+        "kept": keep,
+        "reason": f"adds {spread} on top" if keep else f"gain vanished in the combination: {spread}",
+    }
 
 
 def _phase_verify(

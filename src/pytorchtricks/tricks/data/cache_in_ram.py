@@ -38,7 +38,7 @@ from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
 __all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
 
@@ -49,14 +49,9 @@ def _tune_applies(facts: TuneFacts) -> str | None:
     return unless_input_bound(facts, ("files", "pack"))
 
 
-def _tune_side(input_size: int) -> int:
-    """The cached short side that keeps RandomResizedCrop's smallest crop (8% of the area) >= the input size."""
-    return max(input_size, round(input_size / 0.08**0.5))
-
-
 def _tune_prepare(setup: TuneSetup) -> Any:
     try:  # the admission check (estimate x 1.3 against the free RAM of /dev/shm) refuses with the numbers
-        return cache_in_ram(setup.dataset, _tune_side(setup.input_size), strict=True)
+        return cache_in_ram(setup.dataset, stored_side(setup.input_size), strict=True)
     except PttError as exc:
         raise TuneSkip(str(exc)) from exc
 

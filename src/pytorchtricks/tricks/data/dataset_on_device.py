@@ -18,7 +18,7 @@ import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
 from pytorchtricks.tricks.data.device_augment import device_augment
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
 __all__ = ["dataset_on_device"]
 
@@ -34,16 +34,11 @@ def _tune_applies(facts: TuneFacts) -> str | None:
     return unless_input_bound(facts, ("files", "pack"))
 
 
-def _tune_side(input_size: int) -> int:
-    """The stored square side: RandomResizedCrop's smallest crop (8% of the area) still >= the input size."""
-    return max(input_size, round(input_size / 0.08**0.5))
-
-
 def _tune_prepare(setup: TuneSetup) -> dict[str, Any]:
     """Every sample decoded once (the library's decoder, resize + centre crop to one square side), stacked."""
     from pytorchtricks.tricks.data.make_loader import make_loader
 
-    side = _tune_side(setup.input_size)
+    side = stored_side(setup.input_size)
     n = len(setup.dataset)
     dev = resolve_device(setup.device)
     try:  # refuse before decoding: n images of side^2 x 3 bytes must fit with a quarter of the memory left

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.shards.writer import pack
-from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
+from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
 __all__ = ["pack"]
 
@@ -71,12 +71,6 @@ def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
     setup.dataset, setup.loader = ShardDataset(state["path"]), "ptt"
 
 
-def _resize_side(input_size: int) -> int:
-    return max(
-        input_size, round(input_size / 0.08**0.5)
-    )  # RandomResizedCrop's smallest crop stays >= the input
-
-
 TUNE = (
     TuneHook(
         changes="loader",
@@ -98,7 +92,7 @@ TUNE = (
         "pixels; then make_loader(ptt.ShardDataset(PACK), {batch_size}, crop={input_size})",
         apply=_tune_apply,
         applies=_tune_applies,
-        prepare=lambda setup: _tune_pack(setup, _resize_side(setup.input_size)),
+        prepare=lambda setup: _tune_pack(setup, stored_side(setup.input_size)),
         cost="repack",
         order=101,
         requires=("make_loader",),
