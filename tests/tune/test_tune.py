@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,32 @@ def test_apply_check_rebuilds_the_workload_and_remeasures(tmp_path, models_file)
     path.write_text(json.dumps({"workload": {}, "recommended": []}), encoding="utf-8")
     with pytest.raises(PttError, match="rebuild"):
         check_receipt(str(path))
+
+
+@pytest.mark.parametrize("recommended", [["cache_in_ram"], ["pack"], ["pack[resize]"], ["autotune_loader"]])
+def test_apply_py_of_a_data_trick_runs_on_the_users_folder(recommended, tmp_path, monkeypatch, jpegs):
+    """The receipt's lines are the user's code: apply() over their JpegFolder builds the recommended data road
+    and its loader gives batches of the input size (a line naming an undefined variable would fail here)."""
+    import pytorchtricks as ptt
+    from pytorchtricks.tricks.data import cache_in_ram
+
+    folder = jpegs(str(tmp_path / "imgs"), classes=2, per_class=12, px=48)  # autotune_loader times 4 batches + 1
+    monkeypatch.setattr(cache_in_ram, "DEFAULT_DIR", str(tmp_path / "arenas"))  # not /dev/shm
+    monkeypatch.chdir(tmp_path)  # the pack lines write ./pack-out
+    payload = {
+        "recommended": recommended,
+        "workload": {"for": "train", "model": "m", "batch_size": 4, "input_size": 16, "input_shape": [3, 16, 16],
+                     "num_workers": 0},
+        "combined": {"ratio": 2.0, "ratio_q1": 1.9, "ratio_q3": 2.1},
+        "env": {"device_name": "cpu", "threads": 2, "torch": torch.__version__},
+        "candidates": [],
+    }  # fmt: skip
+    code = receipt.apply_snippet(payload)
+    ns: dict = {}
+    exec(compile(code, "apply.py", "exec"), ns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the arena stays in ...": said to the user, not checked here
+        _model, optimizer, loader, _mp = ns["apply"](torch.nn.Linear(2, 2), ptt.JpegFolder(folder), 4)
+    x, y = next(iter(loader))
+    assert x.dtype == torch.uint8 and tuple(x.shape) == (4, 3, 16, 16) and len(y) == 4
+    assert optimizer is not None

@@ -11,7 +11,7 @@ import torch
 from pytorchtricks.cli import main
 from pytorchtricks.core import PttError
 from pytorchtricks.tune.engine import tune_model
-from pytorchtricks.tune.workload import SyntheticImages, build_workload, default_image_folder
+from pytorchtricks.tune.workload import DEFAULT_MIN_MP, SyntheticImages, build_workload, default_image_folder
 
 
 def test_folder_workload_reads_through_the_library(models_file, jpeg_folder):
@@ -44,7 +44,7 @@ def test_default_image_folder_is_high_resolution_and_cached(tmp_path):
     folder, desc = default_image_folder(count=6, root=str(tmp_path))
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if f.endswith(".jpg"))
     assert len(files) == 6 and "MP" in desc
-    assert all(Image.open(f).size[0] * Image.open(f).size[1] >= 2e6 for f in files)  # >= 2 MP each
+    assert all(Image.open(f).size[0] * Image.open(f).size[1] >= DEFAULT_MIN_MP * 1e6 for f in files)
     again, _ = default_image_folder(count=6, root=str(tmp_path))
     assert again == folder and [Path(f).read_bytes() for f in files] == [
         Path(f).read_bytes()

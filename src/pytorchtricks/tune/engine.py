@@ -402,12 +402,16 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     est = {n: whole_step_estimate(rows[n], w, t_compute, t) for n in to_measure}
     mem = goal != "speed"  # the peak-memory step of every staged variant only when memory is a goal
     units = max(1, w.num_workers)  # steps per timed call of a whole-step variant (one per loader worker)
+    dropped: list[str] = []
     while to_measure and _one_run(to_measure, t, t_compute, share, est, mem, units) is None:
-        dropped = to_measure.pop()  # lowest priority first
-        rows[dropped].status = "skipped"
-        rows[
-            dropped
-        ].reason = f"{DROPPED_FOR_TIME[1]}: the time budget fits fewer configurations (raise --time-budget)"
+        dropped.append(to_measure.pop())  # lowest priority first
+    for name in dropped:  # the numbers the plan was made on
+        rows[name].status = "skipped"
+        rows[name].reason = (
+            f"{DROPPED_FOR_TIME[1]}: {share:.0f} s of the budget were left for measuring, enough for "
+            f"{len(to_measure)} candidate(s) in >= 3 interleaved rounds at {t:.2f} s per whole step "
+            f"({t_compute:.2f} s per compute step) (raise --time-budget)"
+        )
     if not to_measure:
         if any(r.status == "skipped" and r.reason.startswith(DROPPED_FOR_TIME) for r in rows.values()):
             res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")

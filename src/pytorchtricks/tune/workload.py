@@ -32,7 +32,7 @@ DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_PHOTOS = 256  # the built-in set: a few hundred camera-size photos (the seed's 10M, in miniature)
-DEFAULT_MIN_MP = 2.0
+DEFAULT_MIN_MP = 4.0  # camera photos are 12 MP and more; the wallpapers that have 4 MP give crops of 4-24 MP
 # The built-in workload's input side: on the archetype's GPU box the model computes far faster than the CPUs decode
 # camera-size JPEGs; 32 px reproduces that balance on 2 CPU cores (measured: at 64 px ResNet-18 itself runs at
 # ~57 images/s here, about what two workers decode, so no loader could show more than ~1.4x).

@@ -87,7 +87,8 @@ def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
 TUNE = TuneHook(
     changes="loader",
     check="data",
-    receipt="best = ptt.autotune_loader(dataset, {batch_size}, crop={input_size}).best  # then make_loader(..., **best)",
+    receipt="loader = ptt.make_loader(dataset, {batch_size}, **ptt.autotune_loader(dataset, {batch_size}, "
+    "crop={input_size}).best)  # the sweep's settings: workers, prefetch, pinning (and the crop)",
     apply=_tune_apply,
     applies=_tune_applies,
     prepare=_tune_prepare,

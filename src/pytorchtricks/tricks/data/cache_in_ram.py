@@ -63,7 +63,7 @@ def _tune_apply(setup: TuneSetup, state: Any) -> None:
 TUNE = TuneHook(
     changes="loader",
     check="data",
-    receipt="dataset = ptt.cache_in_ram(ptt.JpegFolder(root), size={cache_side})  # decoded once into /dev/shm",
+    receipt="dataset = ptt.cache_in_ram(dataset, size={cache_side})  # decoded once into /dev/shm",
     apply=_tune_apply,
     applies=_tune_applies,
     prepare=_tune_prepare,

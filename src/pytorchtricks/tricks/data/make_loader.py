@@ -47,7 +47,7 @@ def _tune_apply(setup: TuneSetup, state: object) -> None:
 TUNE = TuneHook(
     changes="loader",
     check="data",
-    receipt="loader = ptt.make_loader(ptt.JpegFolder(root), {batch_size}, crop={input_size}, num_workers={workers})"
+    receipt="loader = ptt.make_loader(dataset, {batch_size}, crop={input_size}, num_workers={workers})"
     "  # uint8 batches: normalise on the device",
     apply=_tune_apply,
     applies=_tune_applies,

@@ -75,7 +75,7 @@ TUNE = (
     TuneHook(
         changes="loader",
         check="data",
-        receipt="ptt pack ROOT PACK   # then make_loader(ptt.ShardDataset(PACK), {batch_size}, crop={input_size})",
+        receipt='ptt.pack(dataset.root, "pack-out"); dataset = ptt.ShardDataset("pack-out")  # once (reused after)',
         apply=_tune_apply,
         applies=_tune_applies,
         prepare=lambda setup: _tune_pack(setup, None),
@@ -88,8 +88,8 @@ TUNE = (
     TuneHook(
         changes="loader",
         check="data",
-        receipt="ptt pack ROOT PACK --resize {cache_side}   # short side {cache_side}: the smallest crop keeps its "
-        "pixels; then make_loader(ptt.ShardDataset(PACK), {batch_size}, crop={input_size})",
+        receipt='ptt.pack(dataset.root, "pack-out", resize={cache_side}); dataset = ptt.ShardDataset("pack-out")  # '
+        "once; short side {cache_side}: the smallest crop keeps its pixels",
         apply=_tune_apply,
         applies=_tune_applies,
         prepare=lambda setup: _tune_pack(setup, stored_side(setup.input_size)),
