@@ -16,7 +16,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-compression ffcv-env
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -157,6 +157,20 @@ bench-design: setup
 # estimate_memory vs the measured CPU peak for 4 models x 2 optimizers, and find_batch_size -> $(RESULTS)/memory_estimate.*
 bench-memory: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_estimate.py --out $(RESULTS)
+
+# `ptt tune --memory-budget` on ResNet-18, 128 px, batch 64, training, the budget half the baseline's measured step
+# peak: every configuration's predicted and measured peak and speed (the frontier) -> $(RESULTS)/memory-tune.jsonl,
+# the report's frontier -> docs/memory-frontier.png (headless Chromium).
+MEMORY_TUNE_OUT ?= memory-tune-out
+bench-memory-tune: setup system-deps
+	flock /tmp/ptt-bench.lock $(PTT) tune --model torchvision:resnet18 --data synthetic --batch-size 64 --input-size 128 \
+	  --memory-budget 50% --time-budget 300 --out $(MEMORY_TUNE_OUT)
+	mkdir -p $(RESULTS) && cp $(MEMORY_TUNE_OUT)/results.jsonl $(RESULTS)/memory-tune.jsonl
+	profile=$$(mktemp -d); \
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+	  --disable-component-update --disable-sync --user-data-dir=$$profile --hide-scrollbars --window-size=1100,1500 \
+	  --screenshot=$(CURDIR)/docs/memory-frontier.png file://$(abspath $(MEMORY_TUNE_OUT))/report.html; \
+	rm -rf $$profile
 
 # Example `ptt lint` outputs of three torchvision models (random weights) -> results/lint-*.txt.
 lint-examples: setup

@@ -234,7 +234,20 @@ def _add_tune(sub: Any) -> None:
         default=2,
         help="DataLoader workers your loop uses today: the baseline loads with them (default: 2, the common -j 2)",
     )
-    p.add_argument("--goal", default="speed", choices=("speed", "memory", "both"))
+    p.add_argument(
+        "--goal",
+        default="speed",
+        choices=("speed", "memory", "both"),
+        help="speed (default); memory: the smallest step peak within 10%% of the best speed (memory tricks)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        default=None,
+        metavar="SIZE",
+        help="the step peak to fit: 24GiB, 1.5G (a bare K/M/G is binary), 300MB, bytes, or 50%% of the baseline's "
+        "measured peak; tune then recommends the fastest configuration of the memory tricks that fits (the batch "
+        "stays --batch-size: only gradient accumulation splits it, with the same update)",
+    )
     p.add_argument("--for", dest="for_", default="train", choices=("train", "inference"))
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 175)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -245,7 +258,7 @@ def _add_tune(sub: Any) -> None:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from pytorchtricks.tune.console import RichProgress, receipt_table, summary_lines
+    from pytorchtricks.tune.console import RichProgress, memory_table, receipt_table, summary_lines
     from pytorchtricks.tune.engine import tune_model
 
     console = _console()
@@ -253,8 +266,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         args.model, args.data, batch_size=args.batch_size, input_size=args.input_size,
         input_shape=args.input_shape, num_workers=args.num_workers, goal=args.goal, for_=args.for_,
         time_budget_s=args.time_budget, device=args.device, out=args.out, progress=RichProgress(console),
+        memory_budget=args.memory_budget,
     )  # fmt: skip
     console.print(receipt_table(res))
+    if res.memory is not None:
+        console.print(memory_table(res))
     for line in summary_lines(res, args.out):
         console.print(line, highlight=False)
     return 130 if res.interrupted else 0

@@ -58,6 +58,10 @@ class TuneFacts:
         has_conv2d: the model has 2-D convolutions.
         native_bf16: the device computes bf16 natively (``hardware.cpu_caps().native_bf16`` on CPU).
         baseline: the user's settings as tune found them (``num_workers``, ``pin_memory``, ``optimizer``...).
+        batch_size: the effective batch of one optimizer step (what accumulation splits into micro-batches).
+        goal: ``"speed"``, ``"memory"`` or ``"both"``; memory tricks are tried when memory is a goal or a
+            ``memory_budget_bytes`` is set.
+        memory_budget_bytes: the step peak the configuration must fit (``--memory-budget``), or None.
     """
 
     phase: str = "train"
@@ -76,10 +80,18 @@ class TuneFacts:
     has_conv2d: bool = False
     native_bf16: bool = False
     baseline: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 0
+    goal: str = "speed"
+    memory_budget_bytes: int | None = None
 
     @property
     def input_bound(self) -> bool:
         return self.verdict == "input-bound"
+
+    @property
+    def memory_search(self) -> bool:
+        """Whether tune searches for memory (a budget to fit, or memory as a goal)."""
+        return self.memory_budget_bytes is not None or self.goal != "speed"
 
 
 @dataclass
@@ -103,6 +115,11 @@ class TuneSetup:
     A hook's ``prepare`` sees the dataset as the loader hooks before it (in ``order``) left it: a sweep after a
     RAM cache sweeps over the cache.
     ``example`` is a float input batch on the device for hooks that need one; ``notes`` collect what a hook did.
+    Step side (memory): ``micro_batches`` (K: the batch is split into K micro-batches, one optimizer step per
+    batch) with ``accumulate(model, optimizer, precision)`` building the object whose ``backward(loss, weight=)``
+    accumulates them (e.g. ``ptt.accumulate_gradients``); ``activation_budget_bytes``: what the activations of one
+    micro-batch may take in a memory search (the budget less params, grads and optimizer state; None: no budget),
+    for a hook that plans to a budget (a checkpoint planner).
     """
 
     model: Any
@@ -125,6 +142,14 @@ class TuneSetup:
     switches: list[Callable[[], Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     step_beside: Callable[[Any, Any], Any] | None = None
+    micro_batches: int = 1
+    accumulate: Callable[[Any, Any, Any], Any] | None = None
+    activation_budget_bytes: int | None = None
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples in one micro-batch (the batch when there is no accumulation)."""
+        return -(-self.batch_size // max(1, self.micro_batches))
 
 
 @dataclass(frozen=True)
@@ -146,8 +171,9 @@ class TuneHook:
             ``prepare`` or ``apply`` raise ``TuneSkip`` (with the numbers) when the trick cannot run here.
         cost: ``free``, ``cache`` (a one-time build in RAM), ``repack`` (a one-time rewrite of the data) or
             ``compile`` (minutes of compilation).
-        order: where the hook runs when several apply (lower first): model rewrites 10-40, optimizer 50,
-            precision 60, step wrappers 70-80, data 100+ (what replaces the dataset before what builds the loader).
+        order: where the hook runs when several apply (lower first): the micro-batch split 5 (model rewrites
+            then plan for the micro-batch), model rewrites 10-40, optimizer 50, precision 60, step wrappers 70-80,
+            data 100+ (what replaces the dataset before what builds the loader).
         fixes: the diagnosis finding it removes (kept when not measurably slower), e.g. ``"PTL001"``.
         requires: tricks that must be in the same configuration (``cache_in_ram`` needs ``make_loader``).
         bound: the named error bound of an approximate or data check, said in the receipt.
@@ -157,6 +183,8 @@ class TuneHook:
             ``TUNE = (TuneHook(...), TuneHook(..., variant="resize"))``; the candidate is then ``pack[resize]``.
         last: the trick tunes what the others built (a loader sweep timed over the chosen dataset): the
             combination adds it after every other winner, and its ``prepare`` runs again over that combination.
+        loop: a step hook's training loop for ``apply.py`` (replaces the plain loop there; ``{receipt}`` is its
+            receipt line, plus the receipt's fields).
     """
 
     changes: Changes
@@ -173,6 +201,7 @@ class TuneHook:
     group: str = ""
     variant: str = ""
     last: bool = False
+    loop: str = ""
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

@@ -41,6 +41,21 @@ def gray():
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
+def chain():
+    # no BatchNorm: K micro-batches give the whole batch's update in train mode too; a chain of 6 blocks to plan
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1),
+                         nn.Sequential(*[nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())
+                                         for _ in range(6)]),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def bn_chain():
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1),
+                         nn.Sequential(*[nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                                       nn.BatchNorm2d(16), nn.ReLU()) for _ in range(6)]),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
 def broken_import():
     raise RuntimeError("unreachable")
 """

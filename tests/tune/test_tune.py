@@ -218,7 +218,9 @@ def test_apply_py_of_a_data_trick_runs_on_the_users_folder(recommended, tmp_path
     import pytorchtricks as ptt
     from pytorchtricks.tricks.data import cache_in_ram
 
-    folder = jpegs(str(tmp_path / "imgs"), classes=2, per_class=12, px=48)  # autotune_loader times 4 batches + 1
+    folder = jpegs(
+        str(tmp_path / "imgs"), classes=2, per_class=12, px=48
+    )  # autotune_loader times 4 batches + 1
     monkeypatch.setattr(cache_in_ram, "DEFAULT_DIR", str(tmp_path / "arenas"))  # not /dev/shm
     monkeypatch.chdir(tmp_path)  # the pack lines write ./pack-out
     payload = {

@@ -56,8 +56,9 @@ def _summary(p: dict[str, Any]) -> str:
         f"{_e(env.get('cpu_count'))} cores); OMP_WAIT_POLICY={_e(w.get('omp_wait_policy') or 'unset')}. "
         f"Goal {_e(p['goal'])}; ran {p['elapsed_s']:.0f} s of a {p['budget_s']:.0f} s budget. "
         "Speed ratios are medians of paired per-round ratios over interleaved rounds (variants timed in rotating "
-        "order within each round); the combined figure comes from its own interleaved run, not from multiplying "
-        "single gains.</p>",
+        "order within each round); the recommended figure is measured "
+        f"{_e(p.get('measured_in') or 'in an interleaved run with the baseline')}, never multiplied from single "
+        "gains.</p>",
     ]
     if p.get("interrupted"):
         lines.append(
@@ -222,6 +223,44 @@ def _diagnosis(p: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _memory_search(p: dict[str, Any]) -> str:
+    """The memory search's section: its conclusion, the speed/memory frontier and every configuration."""
+    mem = p.get("memory")
+    if not mem:
+        return ""
+    rec = " + ".join(mem.get("recommended") or []) or None
+    pts = []
+    for pt in mem["points"]:
+        m = pt.get("measured")
+        if m and pt.get("peak_bytes") is not None:
+            items = m["items_per_s"] * m["median_s"]
+            pts.append({
+                "label": " + ".join(pt["tricks"]) or "baseline", "peak_bytes": pt["peak_bytes"],
+                "items_per_s": m["items_per_s"], "lo": items / m["q3_s"], "hi": items / m["q1_s"],
+                "front": pt.get("front"),
+            })  # fmt: skip
+    plot = plots.memory_frontier(pts, mem.get("budget_bytes"), rec) if pts else ""
+    rows = []
+    for pt in mem["points"]:
+        m = pt.get("measured")
+        fits = {True: "yes", False: "no"}.get(pt.get("fits"), "-")
+        rows.append([
+            _e(" + ".join(pt["tricks"]) or "baseline"), _mib(pt.get("predicted_bytes")), _mib(pt.get("peak_bytes")),
+            _mib(pt.get("reserved_bytes")) if pt.get("reserved_bytes") else "-", fits,
+            f"{m['items_per_s']:.1f}" if m else "-", _ratio(m) if m else "-", _e(pt["status"]), _e(pt.get("reason")),
+        ])  # fmt: skip
+    err = mem.get("estimate_error")
+    head = (
+        f"<p class='big'>{_e(mem.get('message'))}</p><p>Budget {_mib(mem.get('budget_bytes'))}; baseline peak "
+        f"{_mib(mem.get('baseline_peak_bytes'))}; the estimate (ptt.estimate_memory) was "
+        f"{'-' if err is None else f'{err:+.1%}'} off on the baseline. Peaks: bytes held between steps + the step's "
+        "own peak, measured on one steady step each; speed: the compute step, interleaved with the baseline.</p>"
+    )
+    cols = ["configuration", "predicted peak", "measured peak", "reserved", "fits", "images/s", "speed", "status",
+            "why"]  # fmt: skip
+    return f"<h2>Memory search</h2>\n{head}\n<div>{plot}</div>\n{_table(cols, rows)}"
+
+
 def render(p: dict[str, Any]) -> str:
     """The whole page for receipt ``p``."""
     notes = "".join(f"<li>{_e(n)}</li>" for n in p.get("notes") or [])
@@ -232,6 +271,7 @@ def render(p: dict[str, Any]) -> str:
 <style>{CSS}</style></head><body>
 <h1>ptt tune receipt</h1>
 {_summary(p)}
+{_memory_search(p)}
 <h2>Plots</h2>
 {_plots(p)}
 <h2>Candidates</h2>

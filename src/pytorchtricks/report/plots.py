@@ -109,3 +109,46 @@ def data_stages(stages_s: dict[str, float]) -> str:
     ax.margins(x=0.18)
     ax.set_title("Input pipeline stages", fontsize=11)
     return _svg(fig)
+
+
+def memory_frontier(points: list[dict[str, Any]], budget_bytes: int | None, recommended: str | None) -> str:
+    """The speed/memory frontier of a memory search: images/s against the measured step peak, one point per
+    measured configuration (error bar: its IQR over rounds), the budget a vertical line, the Pareto front (no
+    point both faster and lower) a step line, the recommendation ringed.
+
+    ``points``: dicts with ``label``, ``peak_bytes``, ``items_per_s``, ``lo``/``hi`` (IQR in items/s), ``front``.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    xs = [p["peak_bytes"] / 2**20 for p in points]
+    ys = [p["items_per_s"] for p in points]
+    err = [[y - p["lo"] for y, p in zip(ys, points)], [p["hi"] - y for y, p in zip(ys, points)]]
+    colors = [
+        BASE if p["label"] == "baseline" else KEPT if p["label"] == recommended else OTHER for p in points
+    ]
+    ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor="#999999", elinewidth=1, capsize=2, zorder=1)
+    ax.scatter(xs, ys, c=colors, s=36, zorder=2)
+    front = sorted((x, y) for x, y, p in zip(xs, ys, points) if p.get("front"))
+    if front:
+        ax.step([x for x, _ in front], [y for _, y in front], where="post", color=KEPT, lw=1, alpha=0.6,
+                label="Pareto front")  # fmt: skip
+    for x, y, p in zip(xs, ys, points):
+        ax.annotate(p["label"], (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        if p["label"] == recommended:
+            ax.scatter([x], [y], s=180, facecolors="none", edgecolors=KEPT, linewidths=1.5, zorder=3,
+                       label="recommended")  # fmt: skip
+    if budget_bytes:
+        ax.axvline(
+            budget_bytes / 2**20,
+            color="#e76f51",
+            ls="--",
+            lw=1,
+            label=f"budget {budget_bytes / 2**20:.0f} MiB",
+        )
+    ax.set_xlabel("measured peak of one training step, MiB")
+    ax.set_ylabel("images/s (median of interleaved rounds)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="lower right", frameon=False)
+    ax.set_title("Speed vs memory: every measured configuration", fontsize=11)
+    return _svg(fig)

@@ -37,15 +37,18 @@ _UNITS = {
     "KIB": 1024,
     "MIB": 1024**2,
     "GIB": 1024**3,
+    "K": 1024,  # a bare K/M/G is binary, as in `docker --memory 1.5g` and GPU cards' "24G"
+    "M": 1024**2,
+    "G": 1024**3,
 }
 
 
 def parse_bytes(text: str | int) -> int:
-    """``"64MB"`` -> 64000000, ``"1MiB"`` -> 1048576, ``4096`` -> 4096.
+    """``"64MB"`` -> 64000000, ``"1MiB"`` -> 1048576, ``"1.5G"`` -> 1.5 GiB (a bare K/M/G is binary), ``4096``.
 
     Example:
-        >>> parse_bytes("64MB"), parse_bytes("1MiB"), parse_bytes(10)
-        (64000000, 1048576, 10)
+        >>> parse_bytes("64MB"), parse_bytes("1MiB"), parse_bytes(10), parse_bytes("1.5G") == 3 * 2**29
+        (64000000, 1048576, 10, True)
     """
     if isinstance(text, int):
         return text
@@ -55,7 +58,7 @@ def parse_bytes(text: str | int) -> int:
     try:
         return int(float(num) * _UNITS[unit])
     except (KeyError, ValueError) as exc:
-        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB or 1GB.") from exc
+        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB, 1.5G or 24GiB.") from exc
 
 
 def _sha256(path: str) -> str:

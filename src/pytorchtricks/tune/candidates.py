@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pytorchtricks.core import MissingExtraError, require
-from pytorchtricks.tunable import TuneFacts
+from pytorchtricks.tunable import TuneFacts, TuneSkip
 from pytorchtricks.tune.hooks import Candidate, by_name, with_requirements
 from pytorchtricks.tune.runner import Runner
 from pytorchtricks.tune.workload import Workload
@@ -26,6 +26,12 @@ EXACT_REL_TOL = 5e-3  # max |a-b| / max |a|: fp32 reassociation (other kernels o
 LOSS_REL_TOL = 0.05  # approximate tricks: every loss of the first steps within 5% of fp32
 MIN_SQNR_DB = 20.0  # approximate tricks: outputs at least 20 dB above the error (bf16 typically gives 30-45)
 PARITY_STEPS = 3
+# K micro-batches vs the batch at once: the same sums in another order. Compared in float64, where that order costs
+# ~1e-15 (in fp32 it moved a small model's update by 1.4e-5 of its largest entry, a ResNet-18's by 5e-6): the bound
+# is the issue's 1e-5 relative; a real bug (a micro-batch mean not weighted, K optimizer steps) is off by O(1).
+# BatchNorm layers are in eval mode for it: in train mode their statistics per micro-batch are a real difference,
+# measured in fp32 (as the step runs) and named
+UPDATE_REL_TOL = 1e-5
 EXTRAS = {"data": "PIL", "infer": "torchao"}  # a module each extra brings, to tell whether it is installed
 
 
@@ -37,6 +43,8 @@ def why_not(c: Candidate, facts: TuneFacts) -> str | None:
             + " and ".join("training" if p == "train" else "inference" for p in c.phases)
             + " only"
         )
+    if "speed" not in c.gains and not facts.memory_search:
+        return "saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)"
     for need in c.needs:
         if need == "cuda" and facts.device != "cuda":
             return "needs a CUDA GPU; this run is on the CPU"
@@ -122,6 +130,52 @@ def _exact(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tenso
         trt.close()
 
 
+def _batchnorms(model: Any) -> list[Any]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def _update_rel(
+    w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor, *, bn_eval: bool, fp64: bool
+) -> float:
+    """Max rel. diff of the update of ``tricks`` vs the untreated step's on the same batch."""
+    base, trt = Runner(w, (), loader=False), Runner(w, tricks, loader=False)
+    try:
+        for r in (base, trt):
+            if fp64:
+                r.to_float64()
+            for m in _batchnorms(r.model) if bn_eval else []:
+                m.eval()
+        ub, ut = base.update_on(x, y), trt.update_on(x, y)
+        keys = [k for k in ub if k in ut]
+        return _rel_all([ub[k] for k in keys], [ut[k] for k in keys])
+    finally:
+        base.close()
+        trt.close()
+
+
+def _exact_update(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> Check:
+    """A configuration that changes the step (K micro-batches): its update on ``x`` equals the untreated step's
+    on the whole batch, compared in float64 (BatchNorm in eval mode); in train mode BatchNorm's per-micro-batch
+    statistics differ, and that difference, measured in fp32, is reported."""
+    probe = Runner(w, tricks, loader=False)
+    k, bns = probe.micro_batches, len(_batchnorms(probe.model))
+    probe.close()
+    rel = _update_rel(w, tricks, x, y, bn_eval=bool(bns), fp64=True)
+    metrics = {"update_rel": rel}
+    detail = (
+        f"update of {k} micro-batches vs the batch of {len(x)} at once, in float64: max rel. diff {rel:.1e} "
+        f"(bound {UPDATE_REL_TOL:.0e})"
+    )
+    if bns:
+        metrics["update_rel_bn_train"] = _update_rel(w, tricks, x, y, bn_eval=False, fp64=False)
+        detail += (
+            f", the {bns} BatchNorm layers in eval mode; in train mode they normalise each micro-batch of "
+            f"{-(-len(x) // k)} by its own statistics (the one known difference): {metrics['update_rel_bn_train']:.1e} "
+            "(fp32)"
+        )
+    return Check("exact: update vs the whole batch", rel <= UPDATE_REL_TOL, detail, metrics)
+
+
 def _approx(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> Check:
     base, trt = Runner(w, (), loader=False), Runner(w, tricks, loader=False)
     try:
@@ -188,8 +242,9 @@ def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
     return Check("data: every sample once, labels, dtype/shape, pixels", got.ok, got.detail, metrics)
 
 
-def check(w: Workload, tricks: tuple[str, ...]) -> Check:
-    """Correctness of the configuration ``tricks`` against the baseline, by the checks its hooks name."""
+def check(w: Workload, tricks: tuple[str, ...], samples: int = 16) -> Check:
+    """Correctness of the configuration ``tricks`` against the baseline, by the checks its hooks name, on a batch
+    of ``samples`` (at most the batch size). Raises ``TuneSkip`` when a hook cannot apply to this model."""
     tricks = with_requirements(tricks)
     kinds = {by_name(t).hook.check for t in tricks}
     model = tuple(t for t in tricks if by_name(t).hook.check != "data")
@@ -198,9 +253,14 @@ def check(w: Workload, tricks: tuple[str, ...]) -> Check:
         if "data" in kinds and w.data_kind in ("files", "pack"):
             checks.append(_data(w, tuple(t for t in tricks if by_name(t).hook.check == "data")))
         if model:
-            x, y = w.example_batch(min(w.batch_size, 16))
+            x, y = w.example_batch(min(w.batch_size, samples))
             exact = all(by_name(t).exact for t in model)
-            checks.append((_exact if exact else _approx)(w, model, x, y))
+            steps = any(by_name(t).hook.changes == "step" for t in model)
+            checks.append(
+                (_exact_update if exact and steps else _exact if exact else _approx)(w, model, x, y)
+            )
+    except TuneSkip:
+        raise
     except Exception as exc:  # a trick that crashes on this model fails its check, with the reason
         checks.append(Check("error", False, f"{type(exc).__name__}: {str(exc)[:200]}", {}))
     if not checks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytorchtricks.tune.engine import SCOPES, Progress, TuneResult, speedup_text
+from pytorchtricks.tune.engine import SCOPES, Progress, TuneResult, speedup_text, where_measured
 from pytorchtricks.tune.receipt import shape_text
 
 
@@ -94,15 +94,51 @@ def receipt_table(res: TuneResult) -> Any:
     return table
 
 
+def memory_table(res: TuneResult) -> Any:
+    """The memory search's configurations: predicted and measured peak, fits, speed, what happened (None without
+    a memory search)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    mem = res.memory
+    if mem is None:
+        return None
+    budget = "-" if mem.budget_bytes is None else f"{mem.budget_bytes / 2**20:.0f} MiB"
+    table = Table(title=f"memory search: budget {budget}, every configuration (peaks: held + the step's own)")
+    for col in ("configuration", "predicted", "measured peak", "fits", "speed vs baseline", "status / why"):
+        table.add_column(col, overflow="fold")
+    rec = set(mem.recommended)
+
+    def mib(n: int | None) -> str:
+        return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+    hidden = 0
+    for p in mem.points:
+        if (p.status == "not run" and p.predicted_bytes is None) or "may fit already" in p.reason:
+            hidden += 1  # the same as a smaller configuration: in report.html and results.jsonl
+            continue
+        fits = {True: "[green]yes[/]", False: "[red]no[/]"}.get(p.fits, "-")
+        mark = " [green](recommended)[/]" if rec and set(p.tricks) == rec else ""
+        table.add_row(
+            escape(p.label) + mark, mib(p.predicted_bytes), mib(p.peak_bytes), fits,
+            speedup_text(p.measured) if p.measured else "-", escape(p.status + (f": {p.reason}" if p.reason else "")),
+        )  # fmt: skip
+    if hidden:
+        table.caption = f"{hidden} more not run (a smaller configuration already fits, or the same as one): see report.html"
+    return table
+
+
 def summary_lines(res: TuneResult, out: str | None) -> list[str]:
     from rich.markup import escape
 
     env = res.env
     lines = []
+    if res.memory is not None and res.memory.message:
+        lines.append(f"memory: {escape(res.memory.message)}")
     if res.recommended:
         lines.append(
             f"recommended: {escape(', '.join(res.recommended))} -> {speedup_text(res.combined)} images/s vs baseline "
-            "(measured in its own interleaved run)"
+            f"(measured {where_measured(res.phases_done)})"
         )
     else:
         lines.append("recommended: nothing beat the baseline by the margin; keep the current setup")

@@ -110,6 +110,7 @@ class TuneResult:
     phases_done: list[str] = field(default_factory=list)
     interrupted: bool = False
     elapsed_s: float = 0.0
+    memory: Any = None  # the memory search (``tune.memory.MemorySearch``) of --memory-budget / --goal memory
 
 
 class Progress:
@@ -324,7 +325,14 @@ def _priority(diag: Diagnosis) -> list[str]:
     return first + [c.name for c in cands if c.name not in first]
 
 
-def facts_of(w: Workload, diag: Diagnosis, budget_left_s: float) -> TuneFacts:
+def facts_of(
+    w: Workload,
+    diag: Diagnosis,
+    budget_left_s: float,
+    *,
+    goal: str = "speed",
+    memory_budget_bytes: int | None = None,
+) -> TuneFacts:
     """What the hooks' ``applies`` see: the workload and its diagnosis."""
     import psutil
 
@@ -351,6 +359,9 @@ def facts_of(w: Workload, diag: Diagnosis, budget_left_s: float) -> TuneFacts:
         has_conv2d=diag.has_conv2d,
         native_bf16=diag.bf16_native,
         baseline={"num_workers": w.num_workers, "channels_last": nhwc, "optimizer": w.optimizer[0]},
+        batch_size=w.batch_size,
+        goal=goal,
+        memory_budget_bytes=memory_budget_bytes,
     )
 
 
@@ -371,7 +382,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     checks_until = dl.elapsed_s + 0.3 * _left(
         dl
     )  # correctness checks and one-time builds: 30% of what is left
-    facts = facts_of(w, diag, _left(dl))  # once: it reads the model and every file's size
+    facts = facts_of(w, diag, _left(dl), goal=goal)  # once: it reads the model and every file's size
     for name in _priority(diag):
         c = by_name(name)
         facts.budget_left_s = _left(dl)
@@ -387,7 +398,12 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
                 rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
                 prog.advance()
                 continue
-            chk = check(w, (c.name,))
+            try:
+                chk = check(w, (c.name,))
+            except TuneSkip as exc:  # the hook found nothing to change on this model
+                rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
+                prog.advance()
+                continue
             if chk.passed:
                 rows[name] = CandidateResult(c.name, "measuring", "", c.exact, check=chk)
                 to_measure.append(c.name)
@@ -726,13 +742,26 @@ def run_tune(
     time_budget_s: float | None = None,
     progress: Progress | None = None,
     deadline: Deadline | None = None,
+    memory_budget: str | int | None = None,
 ) -> TuneResult:
     """Diagnose ``w``, measure the applicable tricks, combine the winners; returns the evidence (not written).
 
-    KeyboardInterrupt stops the run and returns what was measured so far (``interrupted=True``).
+    With ``memory_budget`` (``"24GiB"``, ``"1.5G"``, bytes, or ``"50%"`` of the baseline's measured peak) or
+    ``goal="memory"`` it searches the catalogue's memory tricks instead (``tune.memory``): the fastest
+    configuration whose measured step peak fits. KeyboardInterrupt stops the run and returns what was measured so
+    far (``interrupted=True``).
     """
+    from pytorchtricks.tune.memory import parse_budget, run_memory_search
+
     if goal not in ("speed", "memory", "both"):
         raise PttError(f"--goal must be speed, memory or both, not {goal!r}.")
+    budget_bytes, budget_share = parse_budget(memory_budget)
+    memory_mode = budget_bytes is not None or budget_share is not None or goal == "memory"
+    if memory_mode and w.for_ != "train":
+        raise PttError(
+            "--memory-budget / --goal memory search training configurations (accumulation, checkpointing, "
+            "in-place layers); for inference memory see ptt optimize (int8, pruning)."
+        )
     budget = DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s)
     if budget <= 0:
         raise PttError(f"--time-budget must be positive seconds, not {budget}.")
@@ -747,13 +776,19 @@ def run_tune(
             res.diagnosis = diagnose(w, budget_s=0.09 * _left(dl))
             res.notes.extend(res.diagnosis.notes)
             res.phases_done.append("diagnose")
-            winners = _phase_candidates(w, res, dl, goal, prog)
-            if not winners:
-                res.notes.append("no trick beat the baseline by the margin: keep the current setup")
+            if memory_mode:
+                run_memory_search(w, res, dl, goal, budget_bytes, budget_share, prog)
+                res.phases_done.append("memory")
             else:
-                combo = _phase_combine(w, res, winners, dl, goal, prog) if len(winners) > 1 else (winners[0],)
-                singles = [n for n in winners if n in combo] if len(combo) > 1 else []
-                _phase_verify(w, res, combo, singles, dl, prog)
+                winners = _phase_candidates(w, res, dl, goal, prog)
+                if not winners:
+                    res.notes.append("no trick beat the baseline by the margin: keep the current setup")
+                else:
+                    combo = (
+                        _phase_combine(w, res, winners, dl, goal, prog) if len(winners) > 1 else (winners[0],)
+                    )
+                    singles = [n for n in winners if n in combo] if len(combo) > 1 else []
+                    _phase_verify(w, res, combo, singles, dl, prog)
     except KeyboardInterrupt:
         res.interrupted = True
         for c in res.candidates:
@@ -818,6 +853,7 @@ def tune_model(
     device: str | None = "cpu",
     out: str | None = "tune-out",
     progress: Progress | None = None,
+    memory_budget: str | int | None = None,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
@@ -826,23 +862,40 @@ def tune_model(
     ``PttError`` before anything is written; the folder ``out`` is replaced atomically. ``input_shape`` is one
     sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
     user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
+    ``memory_budget``: the memory search (``run_tune``).
     """
+    from pytorchtricks.tune.memory import parse_budget
+
+    parse_budget(memory_budget)  # a bad size is said before the workload is built
     dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
         num_workers=num_workers, for_=for_, device=device,
     )  # fmt: skip
-    res = run_tune(w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl)
+    res = run_tune(
+        w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl, memory_budget=memory_budget
+    )
     # how to build this workload again: `python apply.py --check` re-measures the recommendation on it
     res.workload["rebuild"] = {
         "model": model, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
-        "num_workers": w.num_workers, "for": w.for_, "device": str(w.device),
+        "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
     }  # fmt: skip
     if out is not None:
         from pytorchtricks.tune.receipt import write_receipt
 
         write_receipt(res, out)
     return res
+
+
+def where_measured(phases_done: list[str]) -> str:
+    """Which interleaved run the recommended figure comes from (the receipt says it beside the number)."""
+    if "memory" in phases_done:
+        return (
+            "on the compute step (batches staged), in the memory search's interleaved run with the baseline"
+        )
+    if "verify" in phases_done:
+        return "in its own interleaved run with the baseline"
+    return "in the candidates' interleaved run with the baseline (no time was left for a separate verify run)"
 
 
 def speedup_text(m: Measured | None) -> str:

@@ -16,6 +16,9 @@ from pytorchtricks.core import PttError
 TOLERANCE = (
     0.20  # the reproduced ratio within +-20% of the receipt's: run-to-run spread on a shared 2-core box
 )
+PEAK_TOLERANCE = (
+    0.10  # a memory receipt's peak within +-10%: the same allocations, give or take the allocator
+)
 
 
 def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float = 90.0) -> dict[str, Any]:
@@ -36,6 +39,8 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         rb["model"], rb["data"], batch_size=rb["batch_size"], input_shape=tuple(rb["input_shape"]),
         num_workers=rb["num_workers"], for_=rb["for"], device=rb["device"],
     )  # fmt: skip
+    if p.get("memory"):
+        return _check_memory(p, w, rec, budget_s)
     probe = Runner(w, ())
     try:
         from pytorchtricks.bench.measure import time_call
@@ -66,6 +71,45 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         "baseline_peak_bytes": meas["baseline"].peak_bytes,
         "recommended_peak_bytes": got.peak_bytes,
         "reproduced": ok,
+    }
+
+
+def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: float) -> dict[str, Any]:
+    """A memory receipt: the recommended configuration's peak (held + the step's own) and its speed on the
+    compute step, interleaved with the baseline, as the search measured them."""
+    from pytorchtricks.tune.engine import measure_variants
+    from pytorchtricks.tune.memory import measure_peak
+    from pytorchtricks.tune.runner import stage_batches
+
+    mem = p["memory"]
+    w.activation_budget_bytes = mem.get("activation_budget_bytes")  # the plan the search made, made again
+    batches = stage_batches(w)
+    base_peak, _, _, _ = measure_peak(w, (), batches)
+    got_peak, _, _, err = measure_peak(w, rec, batches)
+    if got_peak is None:
+        raise PttError(f"the recommended configuration does not run here: {err}")
+    step = (p.get("baseline") or {}).get("median_s") or 0.5
+    meas, _ = measure_variants(
+        w, {"baseline": (), "recommended": rec}, step_s=step, budget_s=budget_s, memory=False, batches=batches
+    )
+    got, want = meas["recommended"], p["combined"]
+    want_peak = next((pt["peak_bytes"] for pt in mem["points"] if tuple(pt["tricks"]) == rec), None)
+    speed_ok = want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE
+    peak_ok = want_peak is not None and abs(got_peak / want_peak - 1) <= PEAK_TOLERANCE
+    budget = mem.get("budget_bytes")
+    return {
+        "recommended": list(rec),
+        "baseline_images_per_s": meas["baseline"].items_per_s,
+        "recommended_images_per_s": got.items_per_s,
+        "ratio": got.ratio,
+        "ratio_q1": got.ratio_q1,
+        "ratio_q3": got.ratio_q3,
+        "receipt_ratio": None if want is None else float(want["ratio"]),
+        "baseline_peak_bytes": base_peak,
+        "recommended_peak_bytes": got_peak,
+        "receipt_peak_bytes": want_peak,
+        "fits": budget is None or got_peak <= budget,
+        "reproduced": speed_ok and peak_ok and (budget is None or got_peak <= budget),
     }
 
 
@@ -100,9 +144,20 @@ def main(receipt: str, argv: list[str]) -> int:
     print(
         f"recommended  {r['recommended_images_per_s']:.1f} images/s, peak {mib(r['recommended_peak_bytes'])}"
     )
+    if "receipt_peak_bytes" in r:
+        print(
+            f"peak         {mib(r['recommended_peak_bytes'])}; the receipt measured {mib(r['receipt_peak_bytes'])}"
+            + ("" if r["fits"] else " - ABOVE the budget")
+        )
     print(
         f"speed-up     {r['ratio']:.2f}x (IQR {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}); the receipt measured "
         + (f"{want:.2f}x" if want is not None and math.isfinite(want) else "-")
-        + (" - reproduced within 20%" if r["reproduced"] else " - NOT within 20% of the receipt")
+        + (
+            " - reproduced within 20%" + (" (peak within 10%)" if "receipt_peak_bytes" in r else "")
+            if r["reproduced"]
+            else " - NOT reproduced (speed within 20%"
+            + (", peak within 10%" if "receipt_peak_bytes" in r else "")
+            + ")"
+        )
     )
     return 0 if r["reproduced"] else 1

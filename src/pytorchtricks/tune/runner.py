@@ -55,6 +55,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         cache_dir=cache_root(),
         dataset=w.dataset,
         loader_kwargs={"num_workers": w.num_workers},
+        activation_budget_bytes=w.activation_budget_bytes,
     )
 
 
@@ -140,6 +141,7 @@ class Runner:
         batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self.w = w
+        self.dtype = torch.float32  # to_float64() for exactness checks
         self.tricks = with_requirements(tuple(tricks))
         self.train = w.for_ == "train"
         self.seed = seed
@@ -161,9 +163,22 @@ class Runner:
         self.mp = setup.precision
         self.switches = list(setup.switches)
         self.optimizer: Any = None
+        self.acc: Any = (
+            None  # the accumulator of K micro-batches (a step hook's), or None: one batch, one step
+        )
+        self.micro_batches = max(1, int(setup.micro_batches))
         if self.train:
             make = setup.make_optimizer or _optimizer(*setup.optimizer)
             self.optimizer = make(self.model.parameters())
+            if setup.accumulate is not None and self.micro_batches > 1:
+                with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
+                    warnings.simplefilter("always")
+                    self.acc = setup.accumulate(self.model, self.optimizer, self.mp)
+                w.notes.extend(
+                    n
+                    for n in (str(c.message) for c in caught if issubclass(c.category, UserWarning))
+                    if n not in w.notes
+                )
         self.num_workers = int(setup.loader_kwargs.get("num_workers", 0))
         self._staged = batches  # batches held in memory: the step without its loader (the compute step)
         self._loader = self._build_loader() if loader and batches is None else None
@@ -244,7 +259,8 @@ class Runner:
         """A batch of either road -> normalised float on the device, in the model's channels and memory format."""
         if x.dtype == torch.uint8:
             x = to_channels(x, self.w.channels)
-        return normalize(x, self.w.device, channels_last=getattr(self, "channels_last", False))
+        x = normalize(x, self.w.device, channels_last=getattr(self, "channels_last", False))
+        return x if self.dtype == torch.float32 else x.to(self.dtype)
 
     def autocast(self) -> Any:
         return self.mp.autocast() if self.mp is not None else contextlib.nullcontext()
@@ -284,6 +300,12 @@ class Runner:
         if not self.train:
             with stage("forward"), torch.inference_mode(), self.autocast():
                 return self.forward(x)
+        if self.acc is not None:  # K micro-batches, each weighted by its samples; the K-th backward steps
+            with stage("backward"), self.acc:
+                for xm, ym in zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches)):
+                    _, loss = self.loss_of(xm, ym)
+                    self.acc.backward(loss, weight=len(xm))
+            return loss
         with stage("forward"):
             _, loss = self.loss_of(x, y)
         with stage("backward"):
@@ -299,11 +321,34 @@ class Runner:
                 self.optimizer.step()
         return loss
 
+    def to_float64(self) -> None:
+        """Compute in float64 from here on (model, inputs, optimizer state): an exactness check free of fp32's
+        rounding. Parameters are converted in place, so the optimizer keeps them."""
+        self.model.double()
+        self.dtype = torch.float64
+
+    def update_on(self, xb: torch.Tensor, yb: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One training step on the batch ``(xb, yb)``; returns each parameter's update (after - before): what
+        an exact memory trick must leave equal (accumulation's K micro-batches vs the batch at once)."""
+        before = {k: p.detach().clone() for k, p in self.model.named_parameters()}
+        self.on_batch(xb, yb)
+        return {k: p.detach() - before[k] for k, p in self.model.named_parameters()}
+
+    def resident_bytes(self) -> int:
+        """Bytes that stay allocated between steps: parameters, buffers, gradients still held and the optimizer
+        state (each storage once). A step's peak is this plus what the step allocates on top."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.optimizer is not None:
+            tensors += [t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+        seen = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors}
+        return sum(n for _, n in seen)
+
     def close(self) -> None:
         """Stop loader workers and drop the model (frees worker processes and memory)."""
         self._it = None
         self._loader = None
-        self.forward = self.model = self.optimizer = None
+        self.forward = self.model = self.optimizer = self.acc = None
 
 
 def _stop_workers_now(it: Any) -> None:

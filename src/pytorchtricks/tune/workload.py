@@ -141,6 +141,9 @@ class Workload:
     staged: list[Any] = field(
         default_factory=list
     )  # batches read once, held for the compute step (stage_batches)
+    # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
+    # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
+    activation_budget_bytes: int | None = None
 
     @property
     def num_classes(self) -> int:

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pytorchtricks.bench.measure import SavedTensorMeter, peak_memory
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.loop._checkpoint_planner import (
     CheckpointPlan,
@@ -42,10 +43,54 @@ from pytorchtricks.tricks.loop._checkpoint_planner import (
     plan_default,
     uniform_runs,
 )
+from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["checkpoint_activations_", "checkpoint_plan"]
 
 TRICK = TrickInfo(gains=("memory",), phase=("train",), exact=True)
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    """Checkpoint the model's chain for the memory search: planned so the micro-batch's activations fit what the
+    budget leaves them (``setup.activation_budget_bytes``), else the plan with the lowest modeled peak."""
+    with filtered_stderr():  # the planner's probes meter memory with Kineto, which prints USDT markers
+        _tune_plan(setup)
+
+
+def _tune_plan(setup: TuneSetup) -> None:
+    x = setup.example
+    budget = None
+    if (
+        setup.activation_budget_bytes is not None
+    ):  # the budget of a micro-batch, scaled to the example's samples
+        total = setup.activation_budget_bytes * len(x) / max(1, setup.micro_batch_size)
+        with SavedTensorMeter() as meter, _side_effect_free(setup.model, x), torch.enable_grad():
+            setup.model(x)
+        probe = checkpoint_activations_(copy.deepcopy(setup.model), example_inputs=(x,))
+        plan = checkpoint_plan(probe)
+        outside = meter.saved_bytes - (plan.unchecked_peak_bytes or 0)  # what the chain does not hold
+        chain_budget = int(total - outside)
+        lowest = plan.planned_peak_bytes or 0
+        budget = chain_budget if chain_budget > lowest else None  # unreachable: the lowest peak there is
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        try:
+            checkpoint_activations_(setup.model, budget_bytes=budget, example_inputs=(x,))
+        except (PttError, NoEffectWarning) as exc:
+            raise TuneSkip(str(exc)) from exc
+    plan = checkpoint_plan(setup.model)
+    setup.notes.append(f"checkpoint plan (on {len(x)} samples): {plan}")
+
+
+TUNE = TuneHook(
+    changes="model",
+    check="exact",
+    receipt="ptt.checkpoint_activations_(model, budget_bytes={activation_budget})  # planned at the first "
+    "training forward, for its batch (None: the lowest modeled peak)",
+    apply=_tune_apply,
+    order=35,
+    bound="outputs, gradients and the update equal the untreated step's (recomputation, same kernels)",
+)
 
 
 @contextlib.contextmanager

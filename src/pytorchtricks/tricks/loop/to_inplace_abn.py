@@ -25,12 +25,31 @@ from torch import nn
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.model._successors import set_submodule, successors
+from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["to_inplace_abn_", "InPlaceABN"]
 
 TRICK = TrickInfo(gains=("memory",), phase=("train",), exact=True)
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        try:  # BN -> ReLU pairs stay (not invertible): tune never changes the model's function
+            to_inplace_abn_(setup.model, on_relu="keep")
+        except (NoEffectWarning, PttError) as exc:
+            raise TuneSkip(str(exc)) from exc
+
+
+TUNE = TuneHook(
+    changes="model",
+    check="exact",
+    receipt='ptt.to_inplace_abn_(model, on_relu="keep")  # BN -> LeakyReLU / BN -> conv keep only their output',
+    apply=_tune_apply,
+    order=25,
+)
 _GAMMA_MIN = 1e-5
 
 

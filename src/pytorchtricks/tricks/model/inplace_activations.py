@@ -23,10 +23,29 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
 
 __all__ = ["inplace_activations_"]
 
 TRICK = TrickInfo(gains=("memory",), phase=("train", "infer"), exact=True)
+
+
+def _tune_apply(setup: TuneSetup, state: object) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        try:
+            inplace_activations_(setup.model)
+        except (NoEffectWarning, PttError) as exc:  # e.g. torchvision's ReLUs are in place already
+            raise TuneSkip(str(exc)) from exc
+
+
+TUNE = TuneHook(
+    changes="model",
+    check="exact",
+    receipt="ptt.inplace_activations_(model)  # ReLUs whose input nothing else reads overwrite it",
+    apply=_tune_apply,
+    order=20,
+)
 
 # Their backward reads only the output, so overwriting the input in place leaves autograd correct.
 _ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.LeakyReLU)

@@ -1,0 +1,170 @@
+"""The memory search of `ptt tune --memory-budget` / `--goal memory` (tune.memory)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytorchtricks.core import PttError
+from pytorchtricks.tune.candidates import UPDATE_REL_TOL, check
+from pytorchtricks.tune.engine import tune_model
+from pytorchtricks.tune.hooks import all_candidates, by_name
+from pytorchtricks.tune.memory import (
+    configurations,
+    measure_peak,
+    parse_budget,
+    predict_peak,
+    step_peak,
+)
+from pytorchtricks.tune.runner import Runner, stage_batches
+from pytorchtricks.tune.workload import build_workload
+
+
+def test_parse_budget_sizes_shares_and_errors():
+    assert parse_budget("24GiB") == (24 * 2**30, None)
+    assert parse_budget("1.5G") == (int(1.5 * 2**30), None)
+    assert parse_budget("300MB") == (300_000_000, None)
+    assert parse_budget("123456") == (123456, None) and parse_budget(4096) == (4096, None)
+    assert parse_budget("50%") == (None, 0.5)
+    for bad in ("lots", "0", "-1GB", "0%", "abc%"):
+        with pytest.raises(PttError, match="memory-budget"):
+            parse_budget(bad)
+
+
+def test_the_memory_hooks_are_candidates_tried_only_when_memory_is_a_goal(models_file):
+    from pytorchtricks.tunable import TuneFacts
+    from pytorchtricks.tune.candidates import why_not
+
+    names = {c.name for c in all_candidates()}
+    assert {"accumulate_gradients[2]", "accumulate_gradients[4]", "accumulate_gradients[8]"} <= names
+    assert {"checkpoint_activations", "inplace_activations", "to_inplace_abn"} <= names
+    acc = by_name("accumulate_gradients[4]")
+    assert acc.hook.changes == "step" and acc.hook.group == "micro-batch" and acc.exact
+    speed = TuneFacts(phase="train", batch_size=64)
+    assert "saves memory, not time" in (why_not(acc, speed) or "")
+    memory = TuneFacts(phase="train", batch_size=64, goal="memory")
+    assert why_not(acc, memory) is None
+    assert "micro-batches under" in (
+        why_not(by_name("accumulate_gradients[8]"), TuneFacts(batch_size=8, goal="memory")) or ""
+    )
+    # one micro-batch split per configuration; fewest tricks first
+    combos = configurations(["accumulate_gradients[2]", "accumulate_gradients[4]", "checkpoint_activations"])
+    assert ("accumulate_gradients[2]", "accumulate_gradients[4]") not in combos
+    assert combos[0] == ("accumulate_gradients[2]",) and len(combos) == 5
+
+
+def test_accumulation_update_equals_the_whole_batch(models_file):
+    """No BatchNorm: K micro-batches give the batch's update within 1e-5 (train mode). With BatchNorm the update
+    is equal in eval mode and the train-mode difference (per micro-batch statistics) is measured and named."""
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=16, input_size=16)
+    for k in (2, 4, 8):
+        c = check(w, (f"accumulate_gradients[{k}]",))
+        assert c.passed and c.metrics["update_rel"] <= UPDATE_REL_TOL, c.detail  # in float64
+        assert "update_rel_bn_train" not in c.metrics
+    wb = build_workload(f"{models_file}:bn_chain", "synthetic", batch_size=16, input_size=16)
+    c = check(wb, ("accumulate_gradients[4]",))
+    assert c.passed and "BatchNorm" in c.detail and "the one known difference" in c.detail
+    assert c.metrics["update_rel_bn_train"] > 100 * c.metrics["update_rel"]  # a real difference, not rounding
+
+
+def test_a_wrong_accumulation_fails_the_update_check(models_file, monkeypatch):
+    """The check can fail: micro-batch losses not weighted by their size (the classic bug) are caught."""
+    import pytorchtricks.tricks.loop.accumulate_gradients as ag
+
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=16, input_size=16)
+    real = ag.accumulate_gradients.backward
+    monkeypatch.setattr(
+        ag.accumulate_gradients, "backward", lambda self, loss, weight=None: real(self, loss * 3.0)
+    )
+    c = check(w, ("accumulate_gradients[4]",))
+    assert not c.passed and c.metrics["update_rel"] > 0.1
+
+
+def test_checkpoint_hook_is_exact_and_lowers_the_measured_peak(models_file):
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=16, input_size=32)
+    c = check(w, ("checkpoint_activations",))
+    assert c.passed, c.detail
+    batches = stage_batches(w, 2)
+    base, _, _, _ = measure_peak(w, (), batches)
+    ckpt, method, _, err = measure_peak(w, ("checkpoint_activations",), batches)
+    assert not err and method == "cpu_tracked" and ckpt < base
+
+
+def test_step_peak_counts_what_the_step_holds_between_steps(models_file):
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=8, input_size=16)
+    r = Runner(w, (), batches=stage_batches(w, 1))
+    try:
+        r.step()
+        params = sum(p.numel() * 4 for p in r.model.parameters())
+        peak, method, reserved = step_peak(r, w.device)
+        # params + momentum buffers stay; the gradients and activations come on top during the step
+        assert peak > 3 * params and method == "cpu_tracked" and reserved is None
+    finally:
+        r.close()
+    predicted = predict_peak(w, ())
+    assert 0.5 < predicted / peak < 2.0  # the estimate is checked against the measurement in every search
+
+
+@pytest.mark.slow
+def test_reduced_memory_search_fits_the_budget_end_to_end(tmp_path, models_file):
+    out = str(tmp_path / "out")
+    res = tune_model(f"{models_file}:chain", "synthetic", batch_size=32, input_size=32, time_budget_s=60,
+                     out=out, memory_budget="50%")  # fmt: skip
+    mem = res.memory
+    assert mem is not None and mem.budget_bytes == int(0.5 * mem.baseline_peak_bytes)
+    pick = next(p for p in mem.points if p.tricks == res.recommended)
+    assert res.recommended and pick.fits and pick.peak_bytes <= mem.budget_bytes
+    assert mem.check is not None and mem.check.passed  # on the whole batch of 32
+    if any(
+        by_name(t).hook.changes == "step" for t in res.recommended
+    ):  # no BatchNorm: the update is the batch's
+        assert mem.check.metrics["update_rel"] <= UPDATE_REL_TOL
+    measured = [p for p in mem.points if p.measured is not None]
+    assert len(measured) >= 2 and any(p.front for p in measured)
+    assert all(p.predicted_bytes is not None for p in measured)
+    with open(os.path.join(out, "results.jsonl"), encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    points = [r for r in rows if r["kind"] == "tune-memory-point"]
+    assert len(points) == len(mem.points) and any(r["kind"] == "tune-memory" for r in rows)
+    html = Path(out, "report.html").read_text(encoding="utf-8")
+    assert "Memory search" in html and html.count("<svg") >= 2  # the frontier beside the other plots
+    code = Path(out, "apply.py").read_text(encoding="utf-8")
+    compile(code, "apply.py", "exec")
+    if any(t.startswith("accumulate_gradients") for t in res.recommended):
+        assert "ptt.accumulate_gradients(model, optimizer, steps=" in code and "acc.backward(loss" in code
+
+
+@pytest.mark.slow
+def test_a_budget_below_anything_reachable_names_the_smallest_peak(tmp_path, models_file):
+    res = tune_model(f"{models_file}:chain", "synthetic", batch_size=16, input_size=16, time_budget_s=40,
+                     out=None, memory_budget="1KiB")  # fmt: skip
+    assert res.recommended == ()
+    msg = res.memory.message
+    assert "no configuration fits the budget of 1 KiB" in msg and "the smallest peak reached is" in msg
+    low = min((p for p in res.memory.points if p.peak_bytes), key=lambda p: p.peak_bytes)
+    assert low.label in msg
+
+
+def test_memory_search_refuses_inference_and_bad_sizes_before_building(models_file):
+    with pytest.raises(PttError, match="memory-budget"):
+        tune_model(f"{models_file}:chain", "synthetic", memory_budget="lots", out=None)
+    with pytest.raises(PttError, match="training configurations"):
+        tune_model(f"{models_file}:chain", "synthetic", batch_size=8, input_size=16, for_="inference",
+                   memory_budget="50%", out=None, time_budget_s=20)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_step_peak_is_max_allocated_with_reserved(models_file):
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=8, input_size=16, device="cuda")
+    r = Runner(w, (), batches=stage_batches(w, 1))
+    try:
+        r.step()
+        peak, method, reserved = step_peak(r, w.device)
+        assert method == "cuda_max_allocated" and reserved is not None and reserved >= peak > 0
+    finally:
+        r.close()
