@@ -220,7 +220,12 @@ def _add_tune(sub: Any) -> None:
         "--data",
         help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="default: 32")
+    p.add_argument(
+        "--batch-size",
+        type=_batch_arg,
+        default=None,
+        help="default: 32; auto (with --memory-budget SIZE): the fastest batch that fits",
+    )
     p.add_argument(
         "--input-shape",
         default=None,
@@ -255,6 +260,18 @@ def _add_tune(sub: Any) -> None:
         "--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)"
     )
     p.set_defaults(handler=_cmd_tune)
+
+
+def _batch_arg(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive integer or auto, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer or auto, not {text!r}")
+    return n
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

@@ -843,7 +843,7 @@ def tune_model(
     model: str | None = None,
     data: str | None = None,
     *,
-    batch_size: int | None = None,
+    batch_size: int | str | None = None,
     input_size: int | None = None,
     input_shape: str | tuple[int, ...] | None = None,
     num_workers: int = 2,
@@ -862,16 +862,39 @@ def tune_model(
     ``PttError`` before anything is written; the folder ``out`` is replaced atomically. ``input_shape`` is one
     sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
     user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
-    ``memory_budget``: the memory search (``run_tune``).
+    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
+    batch is the fastest that fits (``ptt.find_batch_size``), and the search runs at it.
     """
-    from pytorchtricks.tune.memory import parse_budget
+    from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
-    parse_budget(memory_budget)  # a bad size is said before the workload is built
+    budget_bytes, _ = parse_budget(memory_budget)  # a bad size is said before the workload is built
     dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))
+    auto_note = None
+    if batch_size == "auto":
+        if budget_bytes is None:
+            raise PttError(
+                "--batch-size auto picks the fastest batch that fits --memory-budget SIZE; give the budget in bytes "
+                "(24GiB, 1.5G, 300MB) - a share of the baseline's peak needs a batch to measure it at."
+            )
+        if for_ != "train":
+            raise PttError("--batch-size auto searches training steps; pass --batch-size N for inference.")
+        probe = build_workload(
+            model,
+            data,
+            input_size=input_size,
+            input_shape=input_shape,
+            num_workers=num_workers,
+            device=device,
+        )
+        batch_size, auto_note = auto_batch_size(probe, budget_bytes)
+    elif batch_size is not None and not isinstance(batch_size, int):
+        raise PttError(f"--batch-size must be a positive integer or auto, not {batch_size!r}.")
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
         num_workers=num_workers, for_=for_, device=device,
     )  # fmt: skip
+    if auto_note:
+        w.notes.append(auto_note)
     res = run_tune(
         w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl, memory_budget=memory_budget
     )

@@ -14,7 +14,8 @@ Flow (after the diagnosis; the batch stays the user's: only an accumulation hook
      its extra trick also gains speed), each's peak (bytes resident between steps + the step's own peak;
      CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, reserved bytes too; an out-of-memory error
      is caught and recorded) and speed (the compute step, batches staged, interleaved with the baseline);
-  4. recommend the fastest whose measured peak fits (spreads that overlap tie: the fewest tricks, then the faster);
+  4. recommend the fastest whose measured peak fits (spreads that overlap tie: the fewest tricks, then the hooks'
+     order - of two micro-batch splits the smaller);
      ``--goal memory`` without a budget: the smallest peak within ``SPEED_SLACK`` of the best speed. Its check
      is repeated on the whole batch (the acceptance of an accumulation is the update of *that* batch).
 
@@ -122,6 +123,37 @@ def parse_budget(text: str | int | None) -> tuple[int | None, float | None]:
     return n, None
 
 
+AUTO_MAX_BATCH = 256  # --batch-size auto tries 8, 16, ... up to this
+
+
+def auto_batch_size(w: Workload, budget_bytes: int) -> tuple[int, str]:
+    """``--batch-size auto``: the fastest batch (samples/s) whose step fits ``budget_bytes``
+    (``ptt.find_batch_size`` on the user's model and optimizer, random inputs of the workload's shape); returns
+    the batch and the receipt's note with every candidate's prediction and speed."""
+    from pytorchtricks.analysis.memory import find_batch_size
+
+    r = Runner(w, (), loader=False)
+    try:
+        shape = tuple(w.input_shape)
+        with warnings.catch_warnings(), filtered_stderr():
+            warnings.simplefilter("ignore")
+            got = find_batch_size(
+                r.model, lambda n: torch.randn(n, *shape, device=w.device), r.optimizer,
+                budget_bytes=budget_bytes, max_batch=AUTO_MAX_BATCH, device=w.device,
+            )  # fmt: skip
+    finally:
+        r.close()
+    rows = ", ".join(
+        f"{row['batch_size']}: {row['predicted_bytes'] / 2**20:.0f} MiB"
+        + (f" {row['samples_per_s']:.0f}/s" if row.get("samples_per_s") else "")
+        for row in got.rows
+    )
+    return got.batch_size, (
+        f"--batch-size auto: ptt.find_batch_size chose {got.batch_size} ({got.samples_per_s:.0f} samples/s), the "
+        f"fastest batch whose step fits {_mib(budget_bytes)} (predicted peak, speed: {rows})"
+    )
+
+
 def _mib(n: int | None) -> str:
     if n is None:
         return "-"
@@ -152,7 +184,12 @@ def step_peak(r: Runner, device: torch.device) -> tuple[int, str, int | None]:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()  # CUDA: OutOfMemoryError; CPU: "DefaultCPUAllocator: can't allocate memory"
+    return (
+        isinstance(exc, torch.cuda.OutOfMemoryError)
+        or "out of memory" in text
+        or "can't allocate memory" in text
+    )
 
 
 def measure_peak(
@@ -191,11 +228,8 @@ def predict_peak(w: Workload, tricks: tuple[str, ...]) -> int:
         micro = -(-w.batch_size // r.micro_batches)
         n = max(1, min(micro, PREDICT_SAMPLES))
         x = r.prepare(w.example_batch(n)[0])
-        with (
-            r.autocast(),
-            warnings.catch_warnings(),
-            filtered_stderr(),
-        ):  # its probes start Kineto: USDT lines
+        quiet = (warnings.catch_warnings(), filtered_stderr())  # its probes start Kineto: USDT lines
+        with r.autocast(), quiet[0], quiet[1]:
             warnings.simplefilter("ignore")
             est = estimate_memory(r.model, x, r.optimizer)
         scale = micro / n
@@ -406,9 +440,9 @@ def _measure(
 
 
 def _final_check_s(w: Workload, step_s: float) -> float:
-    """Seconds the recommendation's check on the whole batch takes: two runners, BatchNorm in eval and train mode
-    (four steps), plus building them."""
-    return 4 * step_s + 2.0
+    """Seconds the recommendation's check on the whole batch takes: two float64 steps (~4x an fp32 step each on a
+    CPU), two fp32 steps for BatchNorm's train-mode difference, plus building the runners."""
+    return 10 * step_s + 2.0
 
 
 def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: Deadline) -> None:
@@ -433,7 +467,10 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
     if budget is not None:
         best = max(fitting, key=lambda p: p.measured.ratio)  # type: ignore[union-attr]
         ties = [p for p in fitting if p.measured.ratio_q3 >= best.measured.ratio_q1]  # type: ignore[union-attr]
-        pick = min(ties, key=lambda p: (len(p.tricks), -p.measured.ratio, p.label))  # type: ignore[union-attr]
+        # a tie goes to the fewest tricks, then to the hooks' order: noise cannot make two runs differ, and of two
+        # micro-batch splits the smaller one wins (larger micro-batches: BatchNorm statistics nearer the batch's)
+        order = {c.name: i for i, c in enumerate(all_candidates())}
+        pick = min(ties, key=lambda p: (len(p.tricks), sorted(order[t] for t in p.tricks)))
     else:
         fastest = max(p.measured.ratio for p in done)  # type: ignore[union-attr]
         near = [p for p in fitting if p.measured.ratio >= (1 - SPEED_SLACK) * fastest]  # type: ignore[union-attr]

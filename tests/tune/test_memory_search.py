@@ -168,3 +168,34 @@ def test_cuda_step_peak_is_max_allocated_with_reserved(models_file):
         assert method == "cuda_max_allocated" and reserved is not None and reserved >= peak > 0
     finally:
         r.close()
+
+
+@pytest.mark.slow
+def test_batch_size_auto_picks_the_fastest_batch_that_fits(models_file):
+    with pytest.raises(PttError, match="in bytes"):
+        tune_model(f"{models_file}:chain", "synthetic", batch_size="auto", memory_budget="50%", out=None)
+    res = tune_model(f"{models_file}:chain", "synthetic", batch_size="auto", input_size=16, time_budget_s=30,
+                     out=None, memory_budget="4MiB")  # fmt: skip
+    chosen = res.workload["batch_size"]
+    note = next(n for n in res.notes if n.startswith("--batch-size auto"))
+    assert chosen % 8 == 0 and f"chose {chosen}" in note and "4 MiB" in note
+    assert res.memory is not None and res.memory.budget_bytes == 4 * 2**20
+
+
+@pytest.mark.slow
+def test_goal_memory_without_a_budget_takes_the_smallest_peak_near_the_best_speed(models_file):
+    from pytorchtricks.tune.memory import SPEED_SLACK
+
+    res = tune_model(f"{models_file}:chain", "synthetic", batch_size=32, input_size=32, time_budget_s=60,
+                     out=None, goal="memory")  # fmt: skip
+    mem = res.memory
+    assert mem is not None and mem.budget_bytes is None
+    measured = [p for p in mem.points if p.measured is not None]
+    if res.recommended:  # the lowest measured peak among those within 10% of the fastest
+        pick = next(p for p in measured if p.tricks == res.recommended)
+        fastest = max(p.measured.ratio for p in measured)
+        near = [p for p in measured if p.measured.ratio >= (1 - SPEED_SLACK) * fastest]
+        assert pick in near and pick.peak_bytes == min(p.peak_bytes for p in near)
+        assert pick.peak_bytes < mem.baseline_peak_bytes
+    else:
+        assert "no configuration within" in mem.message
