@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["TuneFacts", "TuneHook", "TuneSetup", "TuneSkip", "unless_input_bound"]
+__all__ = ["TuneFacts", "TuneHook", "TuneSetup", "TuneSkip", "applied_or_skip", "unless_input_bound"]
 
 Changes = Literal["model", "optimizer", "loader", "precision", "step", "switch"]
 CheckKind = Literal["exact", "approximate", "data"]
@@ -215,6 +215,21 @@ class TuneHook:
     def scope(self) -> str:
         """``"step"`` (timed with the loader) for loader tricks, else ``"compute"`` (batches staged)."""
         return "step" if self.changes == "loader" else "compute"
+
+
+def applied_or_skip(rewrite: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a trick's rewrite for a hook's ``apply``; a rewrite that changes nothing on this model (its
+    ``NoEffectWarning``) or refuses it (``PttError``) becomes ``TuneSkip`` with its message, the candidate's reason."""
+    import warnings
+
+    from pytorchtricks.core import NoEffectWarning, PttError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        try:
+            return rewrite(*args, **kwargs)
+        except (NoEffectWarning, PttError) as exc:
+            raise TuneSkip(str(exc)) from exc
 
 
 def stored_side(input_size: int) -> int:

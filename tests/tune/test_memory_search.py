@@ -136,6 +136,13 @@ def test_reduced_memory_search_fits_the_budget_end_to_end(tmp_path, models_file)
     compile(code, "apply.py", "exec")
     if any(t.startswith("accumulate_gradients") for t in res.recommended):
         assert "ptt.accumulate_gradients(model, optimizer, steps=" in code and "acc.backward(loss" in code
+    # `python apply.py --check` rebuilds the workload and re-measures the peak (allocations repeat exactly) and speed
+    from pytorchtricks.tune.reproduce import check_receipt
+
+    again = check_receipt(os.path.join(out, "receipt.json"), budget_s=15)
+    assert again["recommended"] == list(res.recommended) and again["fits"]
+    assert abs(again["recommended_peak_bytes"] / again["receipt_peak_bytes"] - 1) <= 0.10
+    assert again["baseline_peak_bytes"] > again["recommended_peak_bytes"] and again["ratio"] > 0
 
 
 @pytest.mark.slow

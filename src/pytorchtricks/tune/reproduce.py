@@ -58,8 +58,16 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         memory=True,
         min_block_s=steps * want_s,  # every timed block >= ``steps`` steps of the recommended configuration
     )
-    got, want = meas["recommended"], p["combined"]
-    ok = want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE
+    r = _speed_result(rec, meas, p["combined"])
+    return r | {
+        "baseline_peak_bytes": meas["baseline"].peak_bytes,
+        "recommended_peak_bytes": meas["recommended"].peak_bytes,
+    }
+
+
+def _speed_result(rec: tuple[str, ...], meas: dict[str, Any], want: dict[str, Any] | None) -> dict[str, Any]:
+    """The re-measured speed of ``rec`` against the receipt's (``reproduced``: within ``TOLERANCE``)."""
+    got = meas["recommended"]
     return {
         "recommended": list(rec),
         "baseline_images_per_s": meas["baseline"].items_per_s,
@@ -68,9 +76,7 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         "ratio_q1": got.ratio_q1,
         "ratio_q3": got.ratio_q3,
         "receipt_ratio": None if want is None else float(want["ratio"]),
-        "baseline_peak_bytes": meas["baseline"].peak_bytes,
-        "recommended_peak_bytes": got.peak_bytes,
-        "reproduced": ok,
+        "reproduced": want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE,
     }
 
 
@@ -92,24 +98,16 @@ def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: flo
     meas, _ = measure_variants(
         w, {"baseline": (), "recommended": rec}, step_s=step, budget_s=budget_s, memory=False, batches=batches
     )
-    got, want = meas["recommended"], p["combined"]
+    r = _speed_result(rec, meas, p["combined"])
     want_peak = next((pt["peak_bytes"] for pt in mem["points"] if tuple(pt["tricks"]) == rec), None)
-    speed_ok = want is not None and abs(got.ratio / float(want["ratio"]) - 1) <= TOLERANCE
     peak_ok = want_peak is not None and abs(got_peak / want_peak - 1) <= PEAK_TOLERANCE
-    budget = mem.get("budget_bytes")
-    return {
-        "recommended": list(rec),
-        "baseline_images_per_s": meas["baseline"].items_per_s,
-        "recommended_images_per_s": got.items_per_s,
-        "ratio": got.ratio,
-        "ratio_q1": got.ratio_q1,
-        "ratio_q3": got.ratio_q3,
-        "receipt_ratio": None if want is None else float(want["ratio"]),
+    fits = mem.get("budget_bytes") is None or got_peak <= mem["budget_bytes"]
+    return r | {
         "baseline_peak_bytes": base_peak,
         "recommended_peak_bytes": got_peak,
         "receipt_peak_bytes": want_peak,
-        "fits": budget is None or got_peak <= budget,
-        "reproduced": speed_ok and peak_ok and (budget is None or got_peak <= budget),
+        "fits": fits,
+        "reproduced": r["reproduced"] and peak_ok and fits,
     }
 
 

@@ -43,7 +43,7 @@ from pytorchtricks.tricks.loop._checkpoint_planner import (
     plan_default,
     uniform_runs,
 )
-from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneHook, TuneSetup, applied_or_skip
 
 __all__ = ["checkpoint_activations_", "checkpoint_plan"]
 
@@ -72,12 +72,7 @@ def _tune_plan(setup: TuneSetup) -> None:
         chain_budget = int(total - outside)
         lowest = plan.planned_peak_bytes or 0
         budget = chain_budget if chain_budget > lowest else None  # unreachable: the lowest peak there is
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", NoEffectWarning)
-        try:
-            checkpoint_activations_(setup.model, budget_bytes=budget, example_inputs=(x,))
-        except (PttError, NoEffectWarning) as exc:
-            raise TuneSkip(str(exc)) from exc
+    applied_or_skip(checkpoint_activations_, setup.model, budget_bytes=budget, example_inputs=(x,))
     plan = checkpoint_plan(setup.model)
     setup.notes.append(f"checkpoint plan (on {len(x)} samples): {plan}")
 

@@ -25,7 +25,7 @@ from torch import nn
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
 from pytorchtricks.tricks.model._successors import set_submodule, successors
-from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneHook, TuneSetup, applied_or_skip
 
 __all__ = ["to_inplace_abn_", "InPlaceABN"]
 
@@ -35,12 +35,8 @@ _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", NoEffectWarning)
-        try:  # BN -> ReLU pairs stay (not invertible): tune never changes the model's function
-            to_inplace_abn_(setup.model, on_relu="keep")
-        except (NoEffectWarning, PttError) as exc:
-            raise TuneSkip(str(exc)) from exc
+    # BN -> ReLU pairs stay (not invertible): tune never changes the model's function
+    applied_or_skip(to_inplace_abn_, setup.model, on_relu="keep")
 
 
 TUNE = TuneHook(

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
-from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip
+from pytorchtricks.tunable import TuneHook, TuneSetup, applied_or_skip
 
 __all__ = ["inplace_activations_"]
 
@@ -31,12 +31,7 @@ TRICK = TrickInfo(gains=("memory",), phase=("train", "infer"), exact=True)
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", NoEffectWarning)
-        try:
-            inplace_activations_(setup.model)
-        except (NoEffectWarning, PttError) as exc:  # e.g. torchvision's ReLUs are in place already
-            raise TuneSkip(str(exc)) from exc
+    applied_or_skip(inplace_activations_, setup.model)  # e.g. torchvision's ReLUs are in place already
 
 
 TUNE = TuneHook(
