@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PTT := $(VENV)/bin/ptt
 # Development pins (the package itself only asks for torch>=2.4); a CUDA build that also runs on CPU.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
-EXTRAS := dev,data,infer,report
+EXTRAS := dev,data,infer,report,script
 # The exact set the suite was last green with (make lock writes it); CONSTRAINTS= installs the newest in range.
 CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS))

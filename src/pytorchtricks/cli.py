@@ -150,7 +150,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(sub: Any) -> None:
-    p = sub.add_parser("doctor", help="diagnose a bottleneck: `ptt doctor data DST`")
+    p = sub.add_parser(
+        "doctor", help="diagnose a bottleneck: `ptt doctor data DST`, `ptt doctor script train.py`"
+    )
     dsub = p.add_subparsers(dest="what", metavar="WHAT")
     d = dsub.add_parser(
         "data", help="split a batch's time into read/decode/augment/collate/host->device/wait"
@@ -164,7 +166,49 @@ def _add_doctor(sub: Any) -> None:
         "--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict"
     )
     d.add_argument("--device", default="cpu", help="where batches go (host->device is timed)")
+    sc = dsub.add_parser(
+        "script", help="rules on a training script's source (PTS001...): what costs, where, the fix"
+    )
+    sc.add_argument("file", help="the training script (read, never run)")
+    sc.add_argument(
+        "--fix",
+        action="store_true",
+        help="rewrite the safe findings in place (the original kept as FILE.orig)",
+    )
+    sc.add_argument("--diff", action="store_true", help="print the diff of the safe rewrites; write nothing")
     p.set_defaults(handler=_cmd_doctor)
+
+
+def _cmd_doctor_script(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pytorchtricks.analysis import script_rules as sr
+
+    source = sr.read_script(args.file)
+    found = sr.check_script(source)
+    console = _console()
+    table = Table(title=f"ptt doctor script {args.file}: {len(found)} finding(s)")
+    for col in ("where", "rule", "found", "why it costs", "fix"):
+        table.add_column(col, overflow="fold")
+    for f in found:
+        tag = "[green]fix[/]" if f.fixable else "advice"
+        table.add_row(
+            f"{f.line}:{f.col}",
+            f"{f.id} {f.name}",
+            escape(f.message),
+            escape(f.why),
+            f"{tag}: {escape(f.fix)}",
+        )
+    console.print(table)
+    if args.fix or args.diff:
+        fixed = sr.rewrite_script(source)
+        diff = sr.unified_diff(source, fixed, args.file)
+        console.print(escape(diff) if diff else "no safe rewrite applies", highlight=False)
+        if args.fix and diff:
+            backup = sr.write_fixed(args.file, fixed)
+            console.print(f"rewrote {args.file} (the original is {backup})", highlight=False)
+    return 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -172,8 +216,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     from pytorchtricks.analysis.data_doctor import doctor_data
 
+    if getattr(args, "what", None) == "script":
+        return _cmd_doctor_script(args)
     if getattr(args, "what", None) != "data":
-        raise PttError("say what to diagnose: `ptt doctor data DST`.")
+        raise PttError("say what to diagnose: `ptt doctor data DST` or `ptt doctor script train.py`.")
     r = doctor_data(
         args.path,
         batch_size=args.batch_size,
