@@ -166,6 +166,15 @@ def _add_doctor(sub: Any) -> None:
         "--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict"
     )
     d.add_argument("--device", default="cpu", help="where batches go (host->device is timed)")
+    rn = dsub.add_parser(
+        "run", help="run your unmodified script, timed per step: `ptt doctor run -- python train.py ARGS`"
+    )
+    rn.add_argument("--steps", type=int, default=10, help="optimizer steps to measure (default: %(default)s)")
+    rn.add_argument("--warmup", type=int, default=2, help="steps before measuring (default: %(default)s)")
+    rn.add_argument("--out", default="doctor-out", help="where results.jsonl goes (default: %(default)s)")
+    rn.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- python train.py ARGS (or -- python -m pkg ARGS)"
+    )
     sc = dsub.add_parser(
         "script", help="rules on a training script's source (PTS001...): what costs, where, the fix"
     )
@@ -177,6 +186,43 @@ def _add_doctor(sub: Any) -> None:
     )
     sc.add_argument("--diff", action="store_true", help="print the diff of the safe rewrites; write nothing")
     p.set_defaults(handler=_cmd_doctor)
+
+
+def _cmd_doctor_run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pytorchtricks.analysis.script_run import STAGES, run_script, write_run
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    r = run_script(command, steps=args.steps, warmup=args.warmup)
+    console = _console()
+    m = r.mean_s()
+    console.print(f"ran: {escape(' '.join(command))}", highlight=False)
+    table = Table(title=f"time per step ({len(r.steps)} measured)")
+    for col in ("stage", "ms / step", "share"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for st in STAGES:
+        table.add_row(st, f"{m[st] * 1e3:.1f}", f"{m[st] / m['step']:.0%}" if m["step"] else "-")
+    table.add_row("step", f"{m['step'] * 1e3:.1f}", "100%")
+    console.print(table)
+    for x in r.loaders:
+        console.print(
+            f"loader: {x['dataset']} ({x['samples']} samples), batch {x['batch_size']}, num_workers "
+            f"{x['num_workers']}, pin_memory {x['pin_memory']}, persistent_workers {x['persistent_workers']}, "
+            f"prefetch_factor {x['prefetch_factor']}",
+            highlight=False,
+        )
+    if r.model:
+        console.print(f"model: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params)", highlight=False)
+    if r.optimizer:
+        console.print("optimizer: " + ", ".join(f"{k}={v}" for k, v in r.optimizer.items()), highlight=False)
+    for where, n in r.syncs[:5]:
+        console.print(f"host sync: {escape(where)} {n:.1f} per step", highlight=False)
+    console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
+    console.print(f"first fix: {escape(r.fix)}", highlight=False)
+    console.print(f"results: {write_run(r, args.out)}", highlight=False)
+    return 0
 
 
 def _cmd_doctor_script(args: argparse.Namespace) -> int:
@@ -218,6 +264,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     if getattr(args, "what", None) == "script":
         return _cmd_doctor_script(args)
+    if getattr(args, "what", None) == "run":
+        return _cmd_doctor_run(args)
     if getattr(args, "what", None) != "data":
         raise PttError("say what to diagnose: `ptt doctor data DST` or `ptt doctor script train.py`.")
     r = doctor_data(
