@@ -173,7 +173,17 @@ def _add_doctor(sub: Any) -> None:
     rn.add_argument("--warmup", type=int, default=2, help="steps before measuring (default: %(default)s)")
     rn.add_argument("--out", default="doctor-out", help="where results.jsonl goes (default: %(default)s)")
     rn.add_argument(
-        "command", nargs=argparse.REMAINDER, help="-- python train.py ARGS (or -- python -m pkg ARGS)"
+        "--tune",
+        action="store_true",
+        help="then run ptt tune on the script's own model, optimizer (its hyper-parameters kept) and data folder",
+    )
+    rn.add_argument("--time-budget", type=float, default=None, help="seconds for the tune run (default: 175)")
+    rn.add_argument("--tune-out", default="tune-out", help="the tune receipt's folder (default: %(default)s)")
+    rn.add_argument(
+        "run_command",
+        metavar="COMMAND",
+        nargs=argparse.REMAINDER,
+        help="-- python train.py ARGS (or -- python -m pkg ARGS)",
     )
     sc = dsub.add_parser(
         "script", help="rules on a training script's source (PTS001...): what costs, where, the fix"
@@ -194,7 +204,7 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
 
     from pytorchtricks.analysis.script_run import STAGES, run_script, write_run
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.run_command[1:] if args.run_command[:1] == ["--"] else args.run_command
     r = run_script(command, steps=args.steps, warmup=args.warmup)
     console = _console()
     m = r.mean_s()
@@ -222,7 +232,28 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
     console.print(f"results: {write_run(r, args.out)}", highlight=False)
-    return 0
+    if not args.tune:
+        return 0
+    from pytorchtricks.analysis.script_run import tune_arguments
+    from pytorchtricks.tune.console import RichProgress, receipt_table, summary_lines
+    from pytorchtricks.tune.engine import tune_model
+
+    kw = tune_arguments(r)
+    console.print(
+        f"tune on the script's objects: {r.model['class']}, {kw['optimizer'][0]} {kw['optimizer'][1]}, data "
+        f"{kw['data']}, batch {kw['batch_size']}, input {'x'.join(map(str, kw['input_shape']))}, "
+        f"{kw['num_workers']} workers",
+        highlight=False,
+    )
+    res = tune_model(
+        kw["model"], kw["data"], batch_size=kw["batch_size"], input_shape=kw["input_shape"],
+        num_workers=kw["num_workers"], optimizer=kw["optimizer"], time_budget_s=args.time_budget,
+        out=args.tune_out, progress=RichProgress(console),
+    )  # fmt: skip
+    console.print(receipt_table(res))
+    for line in summary_lines(res, args.tune_out):
+        console.print(line, highlight=False)
+    return 130 if res.interrupted else 0
 
 
 def _cmd_doctor_script(args: argparse.Namespace) -> int:

@@ -92,3 +92,26 @@ def test_bad_commands_are_refused_with_the_fix(tmp_path, capsys):
     failing.write_text("import sys\nsys.exit(3)\n", encoding="utf-8")
     assert main(["doctor", "run", "--", "python", str(failing)]) != 0
     assert "exited with status 3" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_doctor_run_tune_uses_the_scripts_own_objects(photos, tmp_path, monkeypatch):
+    """--tune hands tune the script's model, its optimizer with its hyper-parameters (weight decay kept) and its
+    ImageFolder's root; the receipt's apply.py builds that optimizer."""
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "tune")
+    script = str(SCRIPTS / "train_planted.py")
+    rc = main(["doctor", "run", "--steps", "2", "--warmup", "1", "--tune", "--time-budget", "25", "--tune-out", out,
+               "--out", str(tmp_path / "doc"), "--", "python", script, photos, "-j", "0", "--steps", "20"])  # fmt: skip
+    assert rc == 0
+    receipt = json.loads(Path(out, "receipt.json").read_text())
+    wl = receipt["workload"]
+    assert wl["model"] == "captured ResNet" and wl["batch_size"] == 8 and wl["input_shape"] == [3, 32, 32]
+    assert wl["optimizer"] == [
+        "sgd",
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4, "dampening": 0, "nesterov": False},
+    ]
+    code = Path(out, "apply.py").read_text()
+    assert (
+        "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0, weight_decay=0.0001" in code
+    )

@@ -30,7 +30,7 @@ import torch
 from pytorchtricks.bench.measure import now_s
 from pytorchtricks.core import PttError
 
-__all__ = ["RunReport", "run_script", "write_run"]
+__all__ = ["RunReport", "run_script", "tune_arguments", "write_run"]
 
 INPUT_BOUND_SHARE = 0.30  # the step waits on its loader for more than this share: input-bound
 OPTIMIZER_BOUND_SHARE = 0.30
@@ -58,6 +58,9 @@ class RunReport:
     verdict: str = ""
     evidence: str = ""
     fix: str = ""
+    input_shape: list[int] = field(default_factory=list)  # the model's first input batch (N, C, H, W)
+    # the script's own objects, for `ptt doctor run --tune` (not written to results.jsonl)
+    captured: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def mean_s(self) -> dict[str, float]:
         n = max(1, len(self.steps))
@@ -81,6 +84,7 @@ class _Recorder:
         self.syncs: Counter[str] = Counter()
         self.measuring = warmup == 0
         self.inside: dict[str, bool] = {}
+        self.shapes: dict[int, list[int]] = {}  # the first input batch each outermost model saw
 
     # -- hooks
     def forward_pre(self, module: Any, args: Any) -> None:
@@ -92,6 +96,9 @@ class _Recorder:
             self.fwd_start = now_s()
             if any(True for _ in module.parameters()):
                 self.models.setdefault(id(module), module)
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor) and id(module) not in self.shapes:
+                    self.shapes[id(module)] = list(x.shape)
         self.depth += 1
 
     def forward_post(self, module: Any, args: Any, out: Any) -> None:
@@ -251,11 +258,16 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
     if rec.models:
         m = max(rec.models.values(), key=lambda mod: sum(p.numel() for p in mod.parameters()))
         report.model = {"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters())}
+        report.input_shape = rec.shapes.get(id(m), [])
+        report.captured["model"] = m
     if rec.optimizers:
         o = next(iter(rec.optimizers.values()))
         hp = {k: v for k, v in o.defaults.items() if isinstance(v, int | float | bool) and k in ("lr", "momentum",
               "weight_decay", "nesterov", "foreach", "fused")}  # fmt: skip
         report.optimizer = {"class": type(o).__name__, **hp}
+        report.captured["optimizer"] = o
+    if rec.loaders:
+        report.captured["dataset"] = next(iter(rec.loaders.values())).dataset
     n = max(1, len(rec.records))
     report.syncs = sorted(((k, v / n) for k, v in rec.syncs.items()), key=lambda kv: -kv[1])
     try:
@@ -316,7 +328,7 @@ def write_run(r: RunReport, out_dir: str) -> str:
     rows.append({
         "kind": "doctor-summary", "mean_s": r.mean_s(), "verdict": r.verdict, "evidence": r.evidence, "fix": r.fix,
         "loaders": r.loaders, "model": r.model, "optimizer": r.optimizer, "syncs_per_step": r.syncs,
-        "peak_rss_bytes": r.peak_rss_bytes,
+        "peak_rss_bytes": r.peak_rss_bytes, "input_shape": r.input_shape,
     })  # fmt: skip
     path = os.path.join(out_dir, "results.jsonl")
     tmp = f"{path}.tmp{os.getpid()}"
@@ -324,3 +336,30 @@ def write_run(r: RunReport, out_dir: str) -> str:
         fh.writelines(json.dumps(row, default=str) + "\n" for row in rows)
     os.replace(tmp, path)
     return path
+
+
+def tune_arguments(r: RunReport) -> dict[str, Any]:
+    """What ``ptt tune`` needs from a run, from the script's own objects: its model (a copy), its optimizer's name
+    and hyper-parameters, its dataset's folder (an ImageFolder's root; else synthetic data of its input shape), its
+    batch, input shape and loader workers. Raises ``PttError`` when the run captured no model or optimizer."""
+    import copy
+
+    model, opt = r.captured.get("model"), r.captured.get("optimizer")
+    if model is None or opt is None or len(r.input_shape) != 4:
+        raise PttError(
+            "the run captured no model, optimizer or input batch (did the script reach its first optimizer step?)"
+        )
+    keep = ("lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "dampening", "alpha")
+    hp = {k: v for k, v in opt.defaults.items() if k in keep and v is not None}
+    ds = r.captured.get("dataset")
+    root = getattr(ds, "root", None)
+    data = root if isinstance(root, str) and os.path.isdir(root) else "synthetic"
+    loader = r.loaders[0] if r.loaders else {}
+    return {
+        "model": copy.deepcopy(model).cpu(),
+        "optimizer": (type(opt).__name__.lower(), hp),
+        "data": data,
+        "batch_size": int(loader.get("batch_size") or r.input_shape[0]),
+        "input_shape": tuple(r.input_shape[1:]),
+        "num_workers": int(loader.get("num_workers") or 0),
+    }

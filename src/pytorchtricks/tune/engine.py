@@ -840,7 +840,7 @@ def describe(w: Workload) -> dict[str, Any]:
 
 
 def tune_model(
-    model: str | None = None,
+    model: str | torch.nn.Module | None = None,
     data: str | None = None,
     *,
     batch_size: int | str | None = None,
@@ -854,6 +854,7 @@ def tune_model(
     out: str | None = "tune-out",
     progress: Progress | None = None,
     memory_budget: str | int | None = None,
+    optimizer: tuple[str, dict[str, Any]] | None = None,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
@@ -891,7 +892,7 @@ def tune_model(
         raise PttError(f"--batch-size must be a positive integer or auto, not {batch_size!r}.")
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
-        num_workers=num_workers, for_=for_, device=device,
+        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer,
     )  # fmt: skip
     if auto_note:
         w.notes.append(auto_note)
@@ -900,8 +901,9 @@ def tune_model(
     )
     # how to build this workload again: `python apply.py --check` re-measures the recommendation on it
     res.workload["rebuild"] = {
-        "model": model, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
+        "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
+        "optimizer": list(w.optimizer),
     }  # fmt: skip
     if out is not None:
         from pytorchtricks.tune.receipt import write_receipt

@@ -35,9 +35,16 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
     rec = tuple(p.get("recommended") or ())
     if not rec:
         raise PttError("the receipt recommends nothing: there is no speed-up to reproduce.")
+    if rb.get("model") is None and "optimizer" in rb:
+        raise PttError(
+            "this receipt was made from a script's own model (ptt doctor run --tune): rerun that command to "
+            "re-measure it"
+        )
+    opt = rb.get("optimizer")
     w = build_workload(
         rb["model"], rb["data"], batch_size=rb["batch_size"], input_shape=tuple(rb["input_shape"]),
         num_workers=rb["num_workers"], for_=rb["for"], device=rb["device"],
+        optimizer=(opt[0], opt[1]) if opt else None,
     )  # fmt: skip
     if p.get("memory"):
         return _check_memory(p, w, rec, budget_s)

@@ -330,7 +330,7 @@ def _dataset(
 
 
 def build_workload(
-    model: str | None = None,
+    model: str | nn.Module | None = None,
     data: str | None = None,
     *,
     batch_size: int | None = None,
@@ -340,8 +340,13 @@ def build_workload(
     for_: str = "train",
     device: str | None = "cpu",
     seed: int = 0,
+    optimizer: tuple[str, dict[str, Any]] | None = None,
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
+
+    ``model`` is a spec (``torchvision:resnet18``, ``pkg.mod:factory``, ``file.py:factory``) or a module object
+    (a script's own model, copied); ``optimizer`` the loop's ``(name, hyper-parameters)`` (default: SGD lr 0.01,
+    momentum 0.9).
 
     ``input_shape`` is one sample's C,H,W (or N,C,H,W); without it the channels are the model's (its first
     convolution's ``in_channels``) and the side ``input_size`` (default 64). ``num_workers`` is the loader
@@ -359,11 +364,15 @@ def build_workload(
     if num_workers < 0:
         raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
     dev = resolve_device(device)
-    spec = model or DEFAULT_MODEL
     require("PIL", "data", package="pillow")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        base = _load_model_or_explain(spec)
+    if isinstance(model, nn.Module):  # a script's own model (ptt doctor run --tune)
+        spec = f"captured {type(model).__name__}"
+        base = copy.deepcopy(model).cpu()
+    else:
+        spec = model or DEFAULT_MODEL
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            base = _load_model_or_explain(spec)
     if data is None and input_size is None and input_shape is None:
         input_size = DEFAULT_WORKLOAD_SIZE  # the built-in workload's balance: the step waits on decoding
     bs, channels, h, w, given = _resolve_shape(base, input_shape, input_size, batch_size)
@@ -399,11 +408,14 @@ def build_workload(
     )
     from pytorchtricks.tune.datacheck import label_array
 
-    return Workload(
+    out = Workload(
         spec, factory, dataset, data_desc, n_out, bs, h, for_, dev, notes,
         channels=channels, width=None if w == h else w, num_workers=num_workers,
         data_kind=kind, source=source, labels=label_array(dataset), files=files,
     )  # fmt: skip
+    if optimizer is not None:
+        out.optimizer = (str(optimizer[0]), dict(optimizer[1]))
+    return out
 
 
 def to_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
