@@ -33,9 +33,19 @@ def photos(tmp_path):
 
 
 def test_run_splits_the_steps_and_captures_the_scripts_objects(photos, monkeypatch, tmp_path):
+    import torch
+
     monkeypatch.chdir(tmp_path)
     script = str(SCRIPTS / "train_planted.py")
+    before = (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.random.get_rng_state(),
+    )
     r = run_script(["python", script, photos, "-j", "0", "--steps", "50"], steps=3, warmup=1)
+    # the script set cudnn.benchmark/deterministic and seeded torch: the process gets its own state back
+    after = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.random.get_rng_state())
+    assert before[:2] == after[:2] and torch.equal(before[2], after[2])
     assert r.ended.startswith("stopped after 4 optimizer steps") and len(r.steps) == 3
     for st in r.steps:  # the stages partition the step (other = what no hook saw)
         assert set(st) == {*STAGES, "step"} and all(v >= 0 for v in st.values())

@@ -11,7 +11,9 @@ patches, all removed when the run ends:
 - host syncs: ``Tensor.item`` / ``cpu`` / ``numpy`` / ``tolist`` called from the script's own files, counted per
   source line.
 
-After ``warmup`` + ``steps`` optimizer steps the run stops cleanly (an exception the script's ``except Exception``
+The process-wide torch switches the script sets (cudnn, TF32, determinism, threads, grad mode, default dtype), the
+RNG state, ``sys.argv``/``sys.path`` and the current directory are given back afterwards. After ``warmup`` +
+``steps`` optimizer steps the run stops cleanly (an exception the script's ``except Exception``
 cannot swallow); a script that ends sooner is reported as it is. The instrumentation adds time, never changes what
 the script computes (tested: the same losses with and without it).
 """
@@ -157,6 +159,31 @@ class _Recorder:
         return wrapper
 
 
+def _torch_state() -> dict[str, Any]:
+    """The process-wide switches a training script commonly sets (cudnn, TF32, determinism, threads, grad
+    mode, default dtype): ``run_script`` gives them back, so the caller's process is as it was."""
+    b = torch.backends
+    return {
+        "cudnn.benchmark": b.cudnn.benchmark, "cudnn.deterministic": b.cudnn.deterministic,
+        "cudnn.enabled": b.cudnn.enabled, "cudnn.allow_tf32": b.cudnn.allow_tf32,
+        "matmul.allow_tf32": b.cuda.matmul.allow_tf32, "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic.warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(), "dtype": torch.get_default_dtype(),
+    }  # fmt: skip
+
+
+def _restore_torch_state(st: dict[str, Any]) -> None:
+    b = torch.backends
+    b.cudnn.benchmark, b.cudnn.deterministic = st["cudnn.benchmark"], st["cudnn.deterministic"]
+    b.cudnn.enabled, b.cudnn.allow_tf32 = st["cudnn.enabled"], st["cudnn.allow_tf32"]
+    b.cuda.matmul.allow_tf32 = st["matmul.allow_tf32"]
+    torch.use_deterministic_algorithms(st["deterministic"], warn_only=st["deterministic.warn_only"])
+    if torch.get_num_threads() != st["threads"]:
+        torch.set_num_threads(st["threads"])
+    torch.set_grad_enabled(st["grad"])
+    torch.set_default_dtype(st["dtype"])
+
+
 def _loader_settings(loader: Any) -> dict[str, Any]:
     ds = loader.dataset
     kind = type(ds).__name__
@@ -230,9 +257,12 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
     patch(torch.autograd, "backward", rec.timed("backward", torch.autograd.backward))
     for name in ("item", "cpu", "numpy", "tolist"):
         patch(torch.Tensor, name, rec.sync(name, getattr(torch.Tensor, name)))
-    old_argv, old_path = sys.argv, list(sys.path)
+    old_argv, old_path, old_cwd = sys.argv, list(sys.path), os.getcwd()
+    old_state = _torch_state()
     sys.argv = [path, *script_args]
     sys.path.insert(0, os.path.dirname(path))
+    rng = torch.random.fork_rng(devices=[])  # the script seeds as it likes; this process's RNG is given back
+    rng.__enter__()
     try:
         if module is not None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -253,6 +283,9 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
         for owner, name, old in reversed(patches):
             setattr(owner, name, old)
         sys.argv, sys.path[:] = old_argv, old_path
+        os.chdir(old_cwd)
+        _restore_torch_state(old_state)
+        rng.__exit__(None, None, None)
     report.steps = rec.records
     report.loaders = [_loader_settings(x) for x in rec.loaders.values()]
     if rec.models:
