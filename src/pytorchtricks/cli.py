@@ -7,6 +7,7 @@ Errors from bad input (``PttError``) print one line with the fix and exit with s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -180,6 +181,12 @@ def _add_doctor(sub: Any) -> None:
     rn.add_argument("--time-budget", type=float, default=None, help="seconds for the tune run (default: 175)")
     rn.add_argument("--tune-out", default="tune-out", help="the tune receipt's folder (default: %(default)s)")
     rn.add_argument(
+        "--compare",
+        default=None,
+        metavar="RESULTS",
+        help="an earlier run's results.jsonl: say what changed (step, stage shares, loader settings, verdict)",
+    )
+    rn.add_argument(
         "run_command",
         metavar="COMMAND",
         nargs=argparse.REMAINDER,
@@ -202,9 +209,11 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from pytorchtricks.analysis.script_run import STAGES, run_script, write_run
+    from pytorchtricks.analysis.script_run import STAGES, compare_runs, run_script, write_run
 
     command = args.run_command[1:] if args.run_command[:1] == ["--"] else args.run_command
+    if args.compare is not None and not os.path.isfile(args.compare):
+        raise PttError(f"--compare {args.compare}: no such file; give an earlier run's results.jsonl.")
     r = run_script(command, steps=args.steps, warmup=args.warmup)
     console = _console()
     m = r.mean_s()
@@ -231,6 +240,9 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
         console.print(f"host sync: {escape(where)} {n:.1f} per step", highlight=False)
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
+    if args.compare is not None:  # read before this run's results overwrite it (the same --out)
+        for line in compare_runs(args.compare, r):
+            console.print(f"changed since {args.compare}: {line}", highlight=False)
     console.print(f"results: {write_run(r, args.out)}", highlight=False)
     if not args.tune:
         return 0

@@ -125,3 +125,24 @@ def test_doctor_run_tune_uses_the_scripts_own_objects(photos, tmp_path, monkeypa
     assert (
         "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0, weight_decay=0.0001" in code
     )
+
+
+def test_compare_says_what_changed_between_two_runs(tmp_path):
+    from pytorchtricks.analysis.script_run import RunReport, compare_runs, write_run
+
+    loader = {"dataset": "ImageFolder", "batch_size": 8, "num_workers": 0, "pin_memory": True}
+    slow = RunReport(["python", "t.py"], steps=[{"data wait": 0.6, "forward": 0.1, "backward": 0.2, "optimizer": 0.05,
+                                                "other": 0.05, "step": 1.0}], loaders=[loader], verdict="input-bound")  # fmt: skip
+    before = write_run(slow, str(tmp_path / "a"))
+    fast = RunReport(["python", "t.py"], steps=[{"data wait": 0.01, "forward": 0.1, "backward": 0.2, "optimizer": 0.05,
+                                                "other": 0.04, "step": 0.4}], loaders=[{**loader, "num_workers": 2}],
+                     verdict="compute-bound")  # fmt: skip
+    lines = compare_runs(before, fast)
+    assert lines[0] == "step 1000 -> 400 ms (2.50x the speed)"
+    assert "data wait: 60% -> 2% of the step (600 -> 10 ms)" in lines
+    assert "loader num_workers: 0 -> 2" in lines and "verdict: input-bound -> compute-bound" in lines
+    assert compare_runs(before, slow) == [
+        "step 1000 -> 1000 ms (1.00x the speed)",
+    ]
+    with pytest.raises(PttError, match="no such file"):
+        compare_runs(str(tmp_path / "none.jsonl"), fast)

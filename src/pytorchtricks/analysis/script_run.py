@@ -32,7 +32,7 @@ import torch
 from pytorchtricks.bench.measure import now_s
 from pytorchtricks.core import PttError
 
-__all__ = ["RunReport", "run_script", "tune_arguments", "write_run"]
+__all__ = ["RunReport", "compare_runs", "run_script", "tune_arguments", "write_run"]
 
 INPUT_BOUND_SHARE = 0.30  # the step waits on its loader for more than this share: input-bound
 OPTIMIZER_BOUND_SHARE = 0.30
@@ -396,3 +396,37 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
         "input_shape": tuple(r.input_shape[1:]),
         "num_workers": int(loader.get("num_workers") or 0),
     }
+
+
+def compare_runs(before_path: str, r: RunReport) -> list[str]:
+    """What changed from the run saved at ``before_path`` (its results.jsonl) to ``r``: the step time, each stage's
+    share, the loader's settings, the verdict - one line each."""
+    import json
+
+    if not os.path.isfile(before_path):
+        raise PttError(f"{before_path}: no such file; give the results.jsonl of an earlier `ptt doctor run`.")
+    with open(before_path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    old = next((x for x in rows if x.get("kind") == "doctor-summary"), None)
+    if old is None:
+        raise PttError(f"{before_path} is not a `ptt doctor run` results.jsonl (no doctor-summary row).")
+    a, b = old["mean_s"], r.mean_s()
+    lines = []
+    if a.get("step") and b["step"]:
+        lines.append(
+            f"step {a['step'] * 1e3:.0f} -> {b['step'] * 1e3:.0f} ms ({a['step'] / b['step']:.2f}x the speed)"
+        )
+    for st in STAGES:
+        sa = a[st] / a["step"] if a.get("step") else 0.0
+        sb = b[st] / b["step"] if b["step"] else 0.0
+        if abs(sa - sb) >= 0.05:
+            lines.append(
+                f"{st}: {sa:.0%} -> {sb:.0%} of the step ({a[st] * 1e3:.0f} -> {b[st] * 1e3:.0f} ms)"
+            )
+    la, lb = (old.get("loaders") or [{}])[0], (r.loaders or [{}])[0]
+    for key in sorted(set(la) | set(lb)):
+        if key != "transform" and la.get(key) != lb.get(key):
+            lines.append(f"loader {key}: {la.get(key)} -> {lb.get(key)}")
+    if old.get("verdict") != r.verdict:
+        lines.append(f"verdict: {old.get('verdict')} -> {r.verdict}")
+    return lines or ["no change beyond the noise (every stage's share within 5 points)"]
