@@ -206,3 +206,10 @@ def test_goal_memory_without_a_budget_takes_the_smallest_peak_near_the_best_spee
         assert pick.peak_bytes < mem.baseline_peak_bytes
     else:
         assert "no configuration within" in mem.message
+
+
+def test_a_budget_the_baseline_already_meets_says_so(models_file):
+    res = tune_model(f"{models_file}:chain", "synthetic", batch_size=8, input_size=16, time_budget_s=30,
+                     out=None, memory_budget="1GiB")  # fmt: skip
+    assert res.recommended == () and res.memory.points[0].fits
+    assert res.memory.message.startswith("the untreated step already fits") and len(res.memory.points) == 1

@@ -350,9 +350,11 @@ def run_memory_search(
     base.fits = budget is None or base_peak <= budget
     search.points.append(base)
     if budget is not None and base.fits:
-        res.notes.append(
-            f"the untreated step already fits: measured peak {_mib(base_peak)} <= budget {_mib(budget)}"
+        search.message = (
+            f"the untreated step already fits: measured peak {_mib(base_peak)} <= budget {_mib(budget)}; keep the "
+            "current setup (ptt tune without --memory-budget looks for speed)"
         )
+        res.notes.append(search.message)
     configs = [] if (budget is not None and base.fits) else configurations(names)
     prog.phase(f"predict {len(configs)} configurations (estimate_memory)", len(configs))
     tol = 1 + abs(search.estimate_error or 0.0) + PREDICT_MARGIN
