@@ -246,21 +246,16 @@ def _check(source: str) -> tuple[list[ScriptFinding], set[tuple[str, int, int, i
         def in_training_loop(self) -> bool:
             return any(self.loops)
 
-        def visit_For(self, node: Any) -> None:
+        def _enter_loop(self, node: Any) -> None:
             self.loops.append(_calls_backward(node.body))
             self.if_base.append(self.ifs)
 
-        def leave_For(self, node: Any) -> None:
+        def _leave_loop(self, node: Any) -> None:
             self.loops.pop()
             self.if_base.pop()
 
-        def visit_While(self, node: Any) -> None:
-            self.loops.append(_calls_backward(node.body))
-            self.if_base.append(self.ifs)
-
-        def leave_While(self, node: Any) -> None:
-            self.loops.pop()
-            self.if_base.pop()
+        visit_For = visit_While = _enter_loop
+        leave_For = leave_While = _leave_loop
 
         def visit_If(self, node: Any) -> None:
             self.ifs += 1

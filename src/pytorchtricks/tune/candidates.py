@@ -136,10 +136,12 @@ def _batchnorms(model: Any) -> list[Any]:
 
 def _update_rel(
     w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor, *, bn_eval: bool, fp64: bool
-) -> float:
-    """Max rel. diff of the update of ``tricks`` vs the untreated step's on the same batch."""
+) -> tuple[float, int, int]:
+    """(max rel. diff of the update of ``tricks`` vs the untreated step's on the same batch, the micro-batches
+    of ``tricks``, its BatchNorm layers)."""
     base, trt = Runner(w, (), loader=False), Runner(w, tricks, loader=False)
     try:
+        bns = len(_batchnorms(trt.model))
         for r in (base, trt):
             if fp64:
                 r.to_float64()
@@ -147,7 +149,7 @@ def _update_rel(
                 m.eval()
         ub, ut = base.update_on(x, y), trt.update_on(x, y)
         keys = [k for k in ub if k in ut]
-        return _rel_all([ub[k] for k in keys], [ut[k] for k in keys])
+        return _rel_all([ub[k] for k in keys], [ut[k] for k in keys]), trt.micro_batches, bns
     finally:
         base.close()
         trt.close()
@@ -157,17 +159,14 @@ def _exact_update(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torc
     """A configuration that changes the step (K micro-batches): its update on ``x`` equals the untreated step's
     on the whole batch, compared in float64 (BatchNorm in eval mode); in train mode BatchNorm's per-micro-batch
     statistics differ, and that difference, measured in fp32, is reported."""
-    probe = Runner(w, tricks, loader=False)
-    k, bns = probe.micro_batches, len(_batchnorms(probe.model))
-    probe.close()
-    rel = _update_rel(w, tricks, x, y, bn_eval=bool(bns), fp64=True)
+    rel, k, bns = _update_rel(w, tricks, x, y, bn_eval=True, fp64=True)
     metrics = {"update_rel": rel}
     detail = (
         f"update of {k} micro-batches vs the batch of {len(x)} at once, in float64: max rel. diff {rel:.1e} "
         f"(bound {UPDATE_REL_TOL:.0e})"
     )
     if bns:
-        metrics["update_rel_bn_train"] = _update_rel(w, tricks, x, y, bn_eval=False, fp64=False)
+        metrics["update_rel_bn_train"] = _update_rel(w, tricks, x, y, bn_eval=False, fp64=False)[0]
         detail += (
             f", the {bns} BatchNorm layers in eval mode; in train mode they normalise each micro-batch of "
             f"{-(-len(x) // k)} by its own statistics (the one known difference): {metrics['update_rel_bn_train']:.1e} "

@@ -407,7 +407,7 @@ def _measure(
     for p in todo:
         # a peak costs ~2 steps (a warm one, the metered one); keep the speed run of what is measured + this one
         after = {"baseline": base_step} | {q.label: 1.3 * base_step for q in [*timed, p]}
-        keep = _left(dl) - 2.6 * base_step - _final_check_s(w, base_step)
+        keep = _left(dl) - 2.6 * base_step - _final_check_s(base_step)
         if plan_blocks(after, set(), keep, memory=False) is None:
             p.status, p.reason = (
                 "not run",
@@ -425,7 +425,7 @@ def _measure(
         prog.advance()
     # the speed run: the baseline and every configuration measured, fitting ones first if time is short
     timed.sort(key=lambda p: (not p.fits, len(p.tricks)))
-    share = max(0.0, _left(dl) - 4 * base_step - _final_check_s(w, base_step))
+    share = max(0.0, _left(dl) - 4 * base_step - _final_check_s(base_step))
     steps = {"baseline": base_step} | {p.label: base_step * (1.3 if len(p.tricks) else 1) for p in timed}
     while timed and plan_blocks(steps, set(), share, memory=False) is None:
         dropped = timed.pop()
@@ -441,7 +441,7 @@ def _measure(
         p.measured = meas[p.label]
 
 
-def _final_check_s(w: Workload, step_s: float) -> float:
+def _final_check_s(step_s: float) -> float:
     """Seconds the recommendation's check on the whole batch takes: two float64 steps (~4x an fp32 step each on a
     CPU), two fp32 steps for BatchNorm's train-mode difference, plus building the runners."""
     return 10 * step_s + 2.0
@@ -482,7 +482,7 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
             res.notes.append(search.message)
             return
         pick = min(lower, key=lambda p: (p.peak_bytes or 0, len(p.tricks), p.label))
-    samples = w.batch_size if _left(dl) > _final_check_s(w, pick.measured.median_s) else CHECK_SAMPLES  # type: ignore[union-attr]
+    samples = w.batch_size if _left(dl) > _final_check_s(pick.measured.median_s) else CHECK_SAMPLES  # type: ignore[union-attr]
     try:
         search.check = check(w, pick.tricks, samples=samples)
     except TuneSkip as exc:
