@@ -119,6 +119,7 @@ _EXPORTS: dict[str, str] = {
     "estimate_memory": "pytorchtricks.analysis.memory",
     "find_batch_size": "pytorchtricks.analysis.memory",
     "profile": "pytorchtricks.analysis.profile",
+    "watch": "pytorchtricks.analysis.watch",
     # tune
     "tune_model": "pytorchtricks.tune.engine",
 }

@@ -168,11 +168,17 @@ def _add_doctor(sub: Any) -> None:
     )
     d.add_argument("--device", default="cpu", help="where batches go (host->device is timed)")
     rn = dsub.add_parser(
-        "run", help="run your unmodified script, timed per step: `ptt doctor run -- python train.py ARGS`"
+        "run",
+        help="run your unmodified script, timed per step: `ptt doctor run -- python train.py ARGS`",
+        description="Runs the script in this process as python would (it executes the script's code), times each "
+        "optimizer step (data wait, forward, backward, optimizer, other), finds its loaders, model and optimizer "
+        "and the lines that build them, and says what bounds the step and the first fix.",
     )
     rn.add_argument("--steps", type=int, default=10, help="optimizer steps to measure (default: %(default)s)")
     rn.add_argument("--warmup", type=int, default=2, help="steps before measuring (default: %(default)s)")
-    rn.add_argument("--out", default="doctor-out", help="where results.jsonl goes (default: %(default)s)")
+    rn.add_argument(
+        "--out", default="doctor-out", help="where results.jsonl and report.html go (default: %(default)s)"
+    )
     rn.add_argument(
         "--tune",
         action="store_true",
@@ -209,11 +215,10 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from pytorchtricks.analysis.script_run import STAGES, compare_runs, run_script, write_run
+    from pytorchtricks.analysis.script_run import STAGES, compare_runs, read_summary, run_script, write_run
 
     command = args.run_command[1:] if args.run_command[:1] == ["--"] else args.run_command
-    if args.compare is not None and not os.path.isfile(args.compare):
-        raise PttError(f"--compare {args.compare}: no such file; give an earlier run's results.jsonl.")
+    earlier = read_summary(args.compare) if args.compare is not None else None  # said before the script runs
     r = run_script(command, steps=args.steps, warmup=args.warmup)
     console = _console()
     m = r.mean_s()
@@ -225,25 +230,44 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
         table.add_row(st, f"{m[st] * 1e3:.1f}", f"{m[st] / m['step']:.0%}" if m["step"] else "-")
     table.add_row("step", f"{m['step'] * 1e3:.1f}", "100%")
     console.print(table)
-    for x in r.loaders:
+
+    def at(kind: str) -> str:
+        w = r.sites.get(kind)
+        return f" at {os.path.basename(w['file'])}:{w['line']}" if w else ""
+
+    for i, x in enumerate(r.loaders):
         console.print(
-            f"loader: {x['dataset']} ({x['samples']} samples), batch {x['batch_size']}, num_workers "
+            f"loader{at('loader') if i == 0 else ''}: {x['via']} over {x['dataset']} ({x['samples']} samples), "
+            f"batch {x['batch_size']}, num_workers "
             f"{x['num_workers']}, pin_memory {x['pin_memory']}, persistent_workers {x['persistent_workers']}, "
             f"prefetch_factor {x['prefetch_factor']}",
             highlight=False,
         )
     if r.model:
-        console.print(f"model: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params)", highlight=False)
+        console.print(
+            f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params), first batch "
+            f"{'x'.join(map(str, r.input_shape)) or '?'}",
+            highlight=False,
+        )
     if r.optimizer:
-        console.print("optimizer: " + ", ".join(f"{k}={v}" for k, v in r.optimizer.items()), highlight=False)
+        console.print(
+            f"optimizer{at('optimizer')}: " + ", ".join(f"{k}={v}" for k, v in r.optimizer.items()),
+            highlight=False,
+        )
     for where, n in r.syncs[:5]:
         console.print(f"host sync: {escape(where)} {n:.1f} per step", highlight=False)
+    if r.lint:
+        ids = ", ".join(dict.fromkeys(f"{f['id']} {f['name']}" for f in r.lint))
+        console.print(f"ptt lint on the model: {len(r.lint)} finding(s): {escape(ids)}", highlight=False)
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
-    if args.compare is not None:  # read before this run's results overwrite it (the same --out)
-        for line in compare_runs(args.compare, r):
-            console.print(f"changed since {args.compare}: {line}", highlight=False)
-    console.print(f"results: {write_run(r, args.out)}", highlight=False)
+    compared = (
+        compare_runs(args.compare, r) if args.compare is not None else None
+    )  # before --out is rewritten
+    for line in compared or []:
+        console.print(f"changed since {args.compare}: {line}", highlight=False)
+    path = write_run(r, args.out, compared, earlier["mean_s"] if earlier else None)
+    console.print(f"results: {path}; report: {os.path.join(args.out, 'report.html')}", highlight=False)
     if not args.tune:
         return 0
     from pytorchtricks.analysis.script_run import tune_arguments
@@ -259,7 +283,7 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     )
     res = tune_model(
         kw["model"], kw["data"], batch_size=kw["batch_size"], input_shape=kw["input_shape"],
-        num_workers=kw["num_workers"], optimizer=kw["optimizer"], time_budget_s=args.time_budget,
+        num_workers=kw["num_workers"], optimizer=kw["optimizer"], script=kw["script"], time_budget_s=args.time_budget,
         out=args.tune_out, progress=RichProgress(console),
     )  # fmt: skip
     console.print(receipt_table(res))
@@ -289,7 +313,12 @@ def _cmd_doctor_script(args: argparse.Namespace) -> int:
             escape(f.why),
             f"{tag}: {escape(f.fix)}",
         )
-    console.print(table)
+    if found:
+        console.print(table)
+    else:
+        console.print(
+            f"ptt doctor script {escape(args.file)}: no finding (13 rules, PTS001-PTS013)", highlight=False
+        )
     if args.fix or args.diff:
         fixed = sr.rewrite_script(source)
         diff = sr.unified_diff(source, fixed, args.file)

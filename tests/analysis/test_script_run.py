@@ -51,7 +51,8 @@ def test_run_splits_the_steps_and_captures_the_scripts_objects(photos, monkeypat
         assert set(st) == {*STAGES, "step"} and all(v >= 0 for v in st.values())
         assert sum(st[s] for s in STAGES) == pytest.approx(st["step"], rel=0.05)
     train = r.loaders[0]
-    assert train["dataset"] == "ImageFolder" and train["samples"] == 24 and train["batch_size"] == 8
+    assert train["via"] == "DataLoader" and train["dataset"] == "ImageFolder" and train["samples"] == 24
+    assert train["batch_size"] == 8 and train["transform_settings"]["crop"] == [32, 32]
     assert train["num_workers"] == 0 and train["pin_memory"] is True
     assert r.model["class"] == "ResNet" and r.model["params"] > 1e6
     assert r.optimizer == {
@@ -61,6 +62,12 @@ def test_run_splits_the_steps_and_captures_the_scripts_objects(photos, monkeypat
         "weight_decay": 1e-4,
         "nesterov": False,
     }
+    # where the script builds what advice changes: the lines of train_planted.py
+    lines = {k: (os.path.basename(v["file"]), v["line"]) for k, v in r.sites.items()}
+    assert lines["loader"] == ("train_planted.py", 49) and lines["model"] == ("train_planted.py", 53)
+    assert lines["optimizer"] == ("train_planted.py", 60) and lines["backward"] == ("train_planted.py", 73)
+    assert r.sites["optimizer"]["code"].startswith("optimizer = torch.optim.SGD(")
+    assert r.lint and all(f["id"].startswith("PTL") for f in r.lint)  # ptt lint ran on the model, real shape
     where = dict(r.syncs)
     assert where.get("train_planted.py:76 .item()") == 1.0 and where.get("train_planted.py:77 .item()") == 1.0
     assert (
@@ -125,6 +132,86 @@ def test_doctor_run_tune_uses_the_scripts_own_objects(photos, tmp_path, monkeypa
     assert (
         "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0, weight_decay=0.0001" in code
     )
+    script = wl["script"]  # where the script builds its objects: apply.py points there
+    assert script["file"] == script_path(script) and script["sites"]["loader"]["line"] == 49
+    assert script["root"] == photos and script["transform"]["crop"] == [32, 32]
+    if receipt["recommended"]:
+        assert f"# In your script, {script['file']}: what to change, and where." in code
+    assert Path(tmp_path, "doc", "report.html").read_text().count("train_planted.py:49") == 1
+
+
+def script_path(script):
+    return str((SCRIPTS / "train_planted.py").resolve()) if script else ""
+
+
+def test_apply_py_says_which_line_of_the_script_each_trick_changes():
+    from pytorchtricks.tune import receipt
+
+    def site(line, code):
+        return {"file": "/src/train.py", "line": line, "code": code}
+
+    script = {
+        "file": "/src/train.py", "root": "/data/photos", "via": "DataLoader",
+        "transform": {"mode": "train", "crop": [176, 176], "scale": [0.35, 1.0], "ratio": [0.75, 1.3333],
+                      "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+        "sites": {"loader": site(40, "train_loader = torch.utils.data.DataLoader("),
+                  "optimizer": site(52, "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-4)"),
+                  "model": site(47, "model = models.resnet50()"), "backward": site(66, "loss.backward()")},
+    }  # fmt: skip
+    payload = {
+        "recommended": ["cache_in_ram", "make_loader", "fast_optimizer", "to_channels_last"],
+        "workload": {"for": "train", "model": "captured ResNet", "batch_size": 64, "input_size": 176,
+                     "input_shape": [3, 176, 176], "num_workers": 2, "script": script,
+                     "optimizer": ["sgd", {"lr": 0.1, "weight_decay": 1e-4}]},
+        "combined": {"ratio": 3.0, "ratio_q1": 2.9, "ratio_q3": 3.1},
+        "env": {"device_name": "cpu", "threads": 2, "torch": "x"}, "candidates": [],
+    }  # fmt: skip
+    code = receipt.apply_snippet(payload)
+    compile(code, "apply.py", "exec")  # still a valid module
+    block = code[code.index("# In your script, /src/train.py") : code.index("def apply(")]
+    # grouped by the script's line, in the hooks' order; the script's own names and settings kept
+    assert block.index("train.py:47  model = models.resnet50()") < block.index("train.py:52  optimizer")
+    assert block.index("train.py:52  optimizer") < block.index("train.py:40  train_loader")
+    assert "after it (to_channels_last):\n#         ptt.to_channels_last_(model)" in block
+    assert "ptt.fast_optimizer(model.parameters(), 'sgd', lr=0.1, weight_decay=0.0001)" in block
+    assert "dataset = ptt.JpegFolder('/data/photos')" in block
+    assert "train_loader = ptt.make_loader(dataset, 64, crop=176, num_workers=2)" in block
+    assert block.index("ptt.JpegFolder") < block.index("ptt.cache_in_ram") < block.index("ptt.make_loader")
+    assert "pass scale=(0.35, 1.0) to ptt.make_loader" in block and "ratio=" not in block
+    assert "sub_(torch.tensor([123.675, 116.280, 103.530]" in block  # the script's Normalize, in uint8 units
+    payload["workload"].pop("script")
+    assert "# In your script" not in receipt.apply_snippet(payload)
+
+
+def test_run_as_a_module_and_its_helper_files_count(tmp_path, monkeypatch):
+    """`-- python -m pkg.train`: run as python -m runs it; a host sync in the package's other file is found."""
+    pkg = tmp_path / "proj" / "trainer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "meters.py").write_text("def log(loss):\n    return loss.item()\n", encoding="utf-8")
+    (pkg / "train.py").write_text(
+        "import sys\nimport torch\nfrom trainer.meters import log\n"
+        "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=int(sys.argv[1]))\n"
+        "for x, y in loader:\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    log(loss)\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path / "proj")
+    monkeypatch.syspath_prepend(str(tmp_path / "proj"))
+    r = run_script(["python", "-m", "trainer.train", "5"], steps=3, warmup=1)
+    assert r.ended.startswith("stopped after 4") and len(r.steps) == 3
+    assert r.script == str(pkg / "train.py") and r.loaders[0]["batch_size"] == 5
+    assert (
+        r.sites["loader"]["line"] == 7
+        and r.sites["optimizer"]["line"] == 5
+        and r.sites["backward"]["line"] == 11
+    )
+    assert dict(r.syncs) == {"meters.py:2 .item()": 1.0}
+    with pytest.raises(PttError, match=r"no module named 'trainer\.nope'"):
+        run_script(["python", "-m", "trainer.nope"])
 
 
 def test_compare_says_what_changed_between_two_runs(tmp_path):
@@ -146,3 +233,29 @@ def test_compare_says_what_changed_between_two_runs(tmp_path):
     ]
     with pytest.raises(PttError, match="no such file"):
         compare_runs(str(tmp_path / "none.jsonl"), fast)
+    (tmp_path / "other.jsonl").write_text('{"kind": "tune-run"}\n', encoding="utf-8")
+    with pytest.raises(PttError, match=r"not a `ptt doctor run` results\.jsonl"):
+        compare_runs(str(tmp_path / "other.jsonl"), fast)
+    page = (tmp_path / "a" / "report.html").read_text()
+    assert "Verdict: input-bound" in page and "ImageFolder" in page and "<svg" in page
+
+
+@pytest.mark.slow
+def test_the_fix_in_place_says_what_changed(photos, tmp_path, monkeypatch, capsys):
+    """-j 0 with a DataLoader, then -j 2 with ptt.make_loader in place (the clean script's --loader ptt):
+    the second run names make_loader and says what changed since the first."""
+    monkeypatch.chdir(tmp_path)
+    base = ["doctor", "run", "--steps", "3", "--warmup", "1"]
+    planted = ["python", str(SCRIPTS / "train_planted.py"), photos, "-j", "0", "--steps", "20"]
+    assert main([*base, "--out", "a", "--", *planted]) == 0
+    clean = ["python", str(SCRIPTS / "train_clean.py"), photos, "-j", "2", "--loader", "ptt", "--steps", "20"]
+    assert main([*base, "--out", "b", "--compare", "a/results.jsonl", "--", *clean]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "loader at train_clean.py:48: ptt.make_loader over JpegFolder (24 samples), batch 8, num_workers 2"
+        in out
+    )
+    assert "changed since a/results.jsonl: loader via: DataLoader -> ptt.make_loader" in out
+    assert "changed since a/results.jsonl: loader num_workers: 0 -> 2" in out
+    page = Path("b/report.html").read_text()
+    assert "Changed since the earlier run" in page and "earlier run" in page

@@ -33,10 +33,14 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]
 
 
-def step_breakdown(before: dict[str, float], after: dict[str, float] | None) -> str:
-    """Stacked horizontal bars: milliseconds per step in each stage, baseline vs recommended."""
+def step_breakdown(
+    before: dict[str, float],
+    after: dict[str, float] | None,
+    labels: tuple[str, str] = ("baseline", "recommended"),
+) -> str:
+    """Stacked horizontal bars: milliseconds per step in each stage, baseline vs recommended (or ``labels``)."""
     plt = _plt()
-    rows = [("baseline", before)] + ([("recommended", after)] if after else [])
+    rows = [(labels[0], before)] + ([(labels[1], after)] if after else [])
     stages = list(dict.fromkeys(k for _, d in rows for k in d))
     colors = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.6 * len(rows)))

@@ -855,6 +855,7 @@ def tune_model(
     progress: Progress | None = None,
     memory_budget: str | int | None = None,
     optimizer: tuple[str, dict[str, Any]] | None = None,
+    script: dict[str, Any] | None = None,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
@@ -864,7 +865,9 @@ def tune_model(
     sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
     user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
     ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
-    batch is the fastest that fits (``ptt.find_batch_size``), and the search runs at it.
+    batch is the fastest that fits (``ptt.find_batch_size``), and the search runs at it. ``script``: where the
+    model, optimizer and loader come from in the user's script (``ptt doctor run --tune``): apply.py then says which
+    of its lines each trick changes.
     """
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
@@ -905,6 +908,8 @@ def tune_model(
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
         "optimizer": list(w.optimizer),
     }  # fmt: skip
+    if script is not None:
+        res.workload["script"] = script
     if out is not None:
         from pytorchtricks.tune.receipt import write_receipt
 

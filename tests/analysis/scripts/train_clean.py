@@ -1,6 +1,7 @@
 """An ImageNet-style training script written the way `ptt doctor script` recommends (no finding expected).
 
 Written for this project's tests in the style of the common public example scripts. Runs on the CPU.
+``--loader ptt`` reads the same folder through ``ptt.make_loader`` (uint8 batches, normalised on the device).
 """
 
 import argparse
@@ -12,12 +13,17 @@ import torchvision
 from torchvision import datasets, transforms
 
 
+def to_float(images, device):
+    images = images.to(device, non_blocking=True)
+    return images.float().div_(255) if images.dtype == torch.uint8 else images
+
+
 def validate(loader, model, criterion, device):
     model.eval()
     total = torch.zeros((), device=device)
     with torch.inference_mode():
         for images, target in loader:
-            images = images.to(device, non_blocking=True)
+            images = to_float(images, device)
             total += criterion(model(images), target.to(device, non_blocking=True))
     return total.item()
 
@@ -30,22 +36,29 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", default="")
     parser.add_argument("--print-freq", type=int, default=10)
+    parser.add_argument("--loader", choices=("torch", "ptt"), default="torch")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     cudnn.benchmark = True
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tf = transforms.Compose([transforms.RandomResizedCrop(32), transforms.ToTensor()])
-    train_ds = datasets.ImageFolder(args.data, tf)
-    g = torch.Generator().manual_seed(args.seed)
-    train_loader = torch.utils.data.DataLoader(
-        train_ds,
-        batch_size=8,
-        shuffle=True,
-        num_workers=args.workers,
-        pin_memory=True,
-        generator=g,
-        persistent_workers=args.workers > 0,
-    )
+    if args.loader == "ptt":
+        import pytorchtricks as ptt
+
+        train_ds = ptt.JpegFolder(args.data)
+        train_loader = ptt.make_loader(train_ds, 8, crop=32, num_workers=args.workers, seed=args.seed)
+    else:
+        tf = transforms.Compose([transforms.RandomResizedCrop(32), transforms.ToTensor()])
+        train_ds = datasets.ImageFolder(args.data, tf)
+        g = torch.Generator().manual_seed(args.seed)
+        train_loader = torch.utils.data.DataLoader(
+            train_ds,
+            batch_size=8,
+            shuffle=True,
+            num_workers=args.workers,
+            pin_memory=True,
+            generator=g,
+            persistent_workers=args.workers > 0,
+        )
     model = torchvision.models.resnet18(num_classes=len(train_ds.classes)).to(device)
     if args.resume:
         model.load_state_dict(torch.load(args.resume, weights_only=True))
@@ -55,7 +68,7 @@ def main():
     running = torch.zeros((), device=device)
     model.train()
     for step, (images, target) in enumerate(train_loader):
-        images = images.to(device, non_blocking=True)
+        images = to_float(images, device)
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=False):
             loss = criterion(model(images), target)

@@ -1,0 +1,468 @@
+"""The per-step split of a training loop: a recorder behind PyTorch's public hooks, and what it saw.
+
+Both ``ptt doctor run`` (the user's unmodified script) and ``ptt.watch`` (inside the user's own loop) install it:
+
+- optimizer steps: the global optimizer step pre/post hooks - a step ends at each ``optimizer.step()``;
+- forward: the global module forward pre/post hooks, timed on the outermost module call;
+- backward: ``Tensor.backward`` / ``torch.autograd.backward``, timed;
+- data wait: the time inside ``next()`` of every DataLoader iterator; the loaders' settings are recorded;
+- host syncs: ``Tensor.item`` / ``cpu`` / ``numpy`` / ``tolist`` called from the user's own files, counted per
+  source line;
+- where the script built its loader, optimizer and model, and where it calls backward (file:line), so that advice
+  can point at the line to change.
+
+Every hook and patch is removed when the ``instrument`` block ends, whatever happens inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pytorchtricks.bench.measure import now_s
+
+__all__ = [
+    "STAGES",
+    "RunReport",
+    "Recorder",
+    "collect",
+    "instrument",
+    "lint_model",
+    "transform_settings",
+    "verdict",
+]
+
+INPUT_BOUND_SHARE = 0.30  # the step waits on its loader for more than this share: input-bound
+OPTIMIZER_BOUND_SHARE = 0.30
+STAGES = ("data wait", "forward", "backward", "optimizer", "other")
+
+
+class StopRun(BaseException):
+    """Raised from the optimizer hook after the last measured step (a BaseException: ``except Exception`` in the
+    script does not catch it)."""
+
+
+@dataclass
+class RunReport:
+    """What a run showed: seconds per stage per measured step, the objects the loop used, the verdict."""
+
+    argv: list[str]
+    steps: list[dict[str, float]] = field(default_factory=list)  # one per measured step, seconds per stage
+    warmup: int = 0
+    ended: str = ""  # "stopped after N steps" or "the script ended after N steps"
+    loaders: list[dict[str, Any]] = field(default_factory=list)
+    model: dict[str, Any] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    syncs: list[tuple[str, float]] = field(default_factory=list)  # (file:line, calls per measured step)
+    peak_rss_bytes: int | None = None
+    verdict: str = ""
+    evidence: str = ""
+    fix: str = ""
+    input_shape: list[int] = field(default_factory=list)  # the model's first input batch (N, C, H, W)
+    script: str = ""  # the script's path (``ptt doctor run``)
+    lint: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # ``ptt lint`` on the model at its real input shape
+    # where the script builds what advice changes: {"loader"|"optimizer"|"model"|"backward": {file, line, code}}
+    sites: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the loop's own objects, for `ptt doctor run --tune` (not written to results.jsonl)
+    captured: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def mean_s(self) -> dict[str, float]:
+        n = max(1, len(self.steps))
+        return {s: sum(st[s] for st in self.steps) / n for s in (*STAGES, "step")}
+
+
+class Recorder:
+    """The hooks' state. ``files``: the user's source files, ``roots``: folders whose files (outside
+    site-packages) are the user's too - syncs and sites are counted from them only;
+    ``model`` / ``optimizer`` / ``loader``: when given, only these are timed (``ptt.watch``); ``stop_after``:
+    raise ``StopRun`` after that many optimizer steps (``ptt doctor run``)."""
+
+    def __init__(
+        self,
+        files: set[str],
+        warmup: int,
+        stop_after: int | None = None,
+        *,
+        roots: tuple[str, ...] = (),
+        model: Any = None,
+        optimizer: Any = None,
+        loader: Any = None,
+    ) -> None:
+        self.files = {os.path.abspath(f) for f in files}
+        self.roots = tuple(os.path.join(os.path.abspath(r), "") for r in roots)
+        self._mine: dict[str, bool] = {}
+        self.warmup, self.stop_after = warmup, stop_after
+        self.only_model, self.only_optimizer = model, optimizer
+        dl = getattr(loader, "dataloader", loader)  # ptt.make_loader's Loader wraps one DataLoader
+        self.only_loader = dl
+        self.done = 0
+        self.cur: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.start = now_s()
+        self.depth = 0
+        self.fwd_start = 0.0
+        self.fwd_timed = False
+        self.opt_start = 0.0
+        self.records: list[dict[str, float]] = []
+        self.loaders: dict[int, Any] = {} if dl is None else {id(dl): dl}
+        self.iters: dict[int, Any] = {}  # iterator id -> its loader
+        self.models: dict[int, Any] = {} if model is None else {id(model): model}
+        self.optimizers: dict[int, Any] = {} if optimizer is None else {id(optimizer): optimizer}
+        self.syncs: Counter[str] = Counter()  # over the measured steps
+        self.step_syncs: Counter[str] = Counter()  # in the step under way (kept if it is measured)
+        self.inside: dict[str, bool] = {}
+        self.shapes: dict[int, list[int]] = {}  # the first input batch each outermost model saw
+        self.sites: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, id) -> where it was built / called
+
+    def restart(self) -> None:
+        """Time the next step from now (``ptt.watch`` entering its block)."""
+        self.start = now_s()
+        self.cur = dict.fromkeys(STAGES, 0.0)
+
+    # -- where in the user's files
+    def mine(self, filename: str) -> bool:
+        """Is ``filename`` (a code object's) one of the user's own files?"""
+        hit = self._mine.get(filename)
+        if hit is None:
+            path = os.path.abspath(filename)
+            hit = path in self.files or (
+                path.startswith(self.roots) and "site-packages" not in path and path.endswith(".py")
+            )
+            self._mine[filename] = hit
+        return hit
+
+    def caller(self, depth: int = 2) -> dict[str, Any] | None:
+        """The innermost frame of the user's own files on the stack: ``{file, line, code}`` or None."""
+        frame: Any = sys._getframe(depth)
+        while frame is not None:
+            if self.mine(frame.f_code.co_filename):
+                path = os.path.abspath(frame.f_code.co_filename)
+                return {
+                    "file": path,
+                    "line": frame.f_lineno,
+                    "code": linecache.getline(path, frame.f_lineno).strip(),
+                }
+            frame = frame.f_back
+        return None
+
+    def site(self, kind: str, obj: Any, *, first: bool = False) -> None:
+        key = (kind, id(obj))
+        if first and key in self.sites:
+            return
+        where = self.caller(3)
+        if where is not None:
+            self.sites[key] = where
+
+    # -- hooks
+    def forward_pre(self, module: Any, args: Any) -> None:
+        if self.inside.get("data wait"):  # torchvision transforms are nn.Modules: called by the loader
+            return
+        if self.depth == 0:
+            self.fwd_timed = self.only_model is None or module is self.only_model
+            if self.fwd_timed:
+                self.fwd_start = now_s()
+                if any(True for _ in module.parameters()):
+                    self.models.setdefault(id(module), module)
+                    x = args[0] if args else None
+                    if isinstance(x, torch.Tensor) and id(module) not in self.shapes:
+                        self.shapes[id(module)] = list(x.shape)
+                        self.site("call", module, first=True)
+        self.depth += 1
+
+    def forward_post(self, module: Any, args: Any, out: Any) -> None:
+        if self.inside.get("data wait"):
+            return
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.fwd_timed:
+            self.cur["forward"] += now_s() - self.fwd_start
+
+    def _ours(self, opt: Any) -> bool:
+        return self.only_optimizer is None or opt is self.only_optimizer
+
+    def optimizer_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self._ours(opt):
+            self.optimizers.setdefault(id(opt), opt)
+            self.opt_start = now_s()
+
+    def optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not self._ours(opt):
+            return
+        t = now_s()
+        self.cur["optimizer"] += t - self.opt_start
+        total = t - self.start
+        timed = sum(self.cur[s] for s in STAGES if s != "other")
+        self.cur["other"] = max(0.0, total - timed)
+        if self.done >= self.warmup:
+            self.records.append({**self.cur, "step": total})
+            self.syncs += self.step_syncs
+        self.done += 1
+        self.step_syncs = Counter()
+        self.restart()
+        if self.stop_after is not None and self.done >= self.stop_after:
+            raise StopRun()
+
+    def timed(self, stage: str, fn: Any, keep: Any = None) -> Any:
+        """``fn`` timed into ``stage``; nested calls count once (``Tensor.backward`` calls ``autograd.backward``).
+        ``keep(args)``: time only the calls it accepts (the watched loader's iterator)."""
+        rec = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if rec.inside.get(stage) or (keep is not None and not keep(args)):
+                return fn(*args, **kwargs)
+            if stage == "backward":
+                rec.site("backward", None, first=True)
+            rec.inside[stage] = True
+            t = now_s()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.cur[stage] += now_s() - t
+                rec.inside[stage] = False
+
+        return wrapper
+
+    def sync(self, name: str, fn: Any) -> Any:
+        rec = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            frame = sys._getframe(1)
+            if rec.mine(frame.f_code.co_filename):
+                rec.step_syncs[
+                    f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} .{name}()"
+                ] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+
+@contextlib.contextmanager
+def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
+    """Install ``rec``'s hooks and patches for the block; all removed at its end. ``sites``: also record where
+    the user's files build DataLoaders, optimizers and modules (``ptt doctor run``: the objects do not exist yet)."""
+    from torch.nn.modules import module as mm
+    from torch.optim import optimizer as om
+    from torch.utils.data import dataloader as dl
+
+    patches: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, name: str, new: Any) -> None:
+        patches.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    handles = [
+        mm.register_module_forward_pre_hook(rec.forward_pre),
+        mm.register_module_forward_hook(rec.forward_post),
+        om.register_optimizer_step_pre_hook(rec.optimizer_pre),
+        om.register_optimizer_step_post_hook(rec.optimizer_post),
+    ]
+    base_iter = dl._BaseDataLoaderIter
+    orig_iter = dl.DataLoader.__iter__
+
+    def loader_iter(self: Any) -> Any:
+        it = orig_iter(self)
+        if rec.only_loader is None or self is rec.only_loader:
+            rec.loaders.setdefault(id(self), self)
+            rec.iters[id(it)] = self
+        return it
+
+    patch(
+        base_iter,
+        "__next__",
+        rec.timed("data wait", base_iter.__next__, keep=lambda a: id(a[0]) in rec.iters),
+    )
+    patch(dl.DataLoader, "__iter__", loader_iter)
+    patch(torch.Tensor, "backward", rec.timed("backward", torch.Tensor.backward))
+    patch(torch.autograd, "backward", rec.timed("backward", torch.autograd.backward))
+    for name in ("item", "cpu", "numpy", "tolist"):
+        patch(torch.Tensor, name, rec.sync(name, getattr(torch.Tensor, name)))
+    if sites:
+        for owner, kind in ((dl.DataLoader, "loader"), (om.Optimizer, "optimizer"), (mm.Module, "model")):
+            patch(owner, "__init__", _site_init(rec, kind, owner.__init__))
+    try:
+        yield rec
+    finally:
+        for h in handles:
+            h.remove()
+        for owner, name, old in reversed(patches):
+            setattr(owner, name, old)
+
+
+def _site_init(rec: Recorder, kind: str, init: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        rec.site(kind, self)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def transform_settings(transform: Any) -> dict[str, Any]:
+    """The settings of a torchvision transform pipeline that ``ptt.make_loader`` can keep: crop size, scale and
+    ratio of a RandomResizedCrop (train) or Resize + CenterCrop (eval), a horizontal flip, Normalize's mean/std."""
+    from torchvision import transforms as T
+
+    out: dict[str, Any] = {}
+    parts = list(getattr(transform, "transforms", [transform])) if transform is not None else []
+    for t in parts:
+        if isinstance(t, T.RandomResizedCrop):
+            out.update(
+                mode="train", crop=list(t.size), scale=list(t.scale), ratio=[round(r, 4) for r in t.ratio]
+            )
+        elif isinstance(t, T.Resize) and isinstance(t.size, int | list | tuple):
+            out.update(mode="eval", resize=t.size if isinstance(t.size, int) else list(t.size))
+        elif isinstance(t, T.CenterCrop):
+            out["crop"] = list(t.size)
+        elif isinstance(t, T.RandomHorizontalFlip):
+            out["flip"] = True
+        elif isinstance(t, T.Normalize):
+            out.update(mean=[float(v) for v in t.mean], std=[float(v) for v in t.std])
+    return out
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """A DataLoader's settings and its dataset's kind (``ptt.make_loader``'s own loader is named as such)."""
+    from pytorchtricks.tricks.data._batches import BatchDataset, StreamBatches
+
+    ds = loader.dataset
+    batch = loader.batch_size
+    via = "DataLoader"
+    transform = getattr(ds, "transform", None)
+    settings = transform_settings(transform)
+    if isinstance(ds, BatchDataset | StreamBatches):  # one item = one batch, built by ptt.make_loader
+        via = "ptt.make_loader"
+        batch = getattr(loader.sampler, "batch_size", None) or getattr(ds, "batch_size", None)
+        mk = ds.maker
+        settings = {"mode": "eval" if mk.resize is not None else "train", "crop": list(mk.crop or []),
+                    "scale": list(mk.scale), "ratio": [round(r, 4) for r in mk.ratio], "flip": mk.flip}  # fmt: skip
+        ds = getattr(ds, "dataset", None) or getattr(ds, "stream", None)
+        transform = None
+    return {
+        "via": via,
+        "dataset": type(ds).__name__,
+        "samples": len(ds) if hasattr(ds, "__len__") else None,
+        "root": getattr(ds, "root", None),
+        "transform": repr(transform).replace("\n", " ") if transform is not None else None,
+        "transform_settings": settings,
+        "batch_size": batch,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "persistent_workers": loader.persistent_workers,
+        "prefetch_factor": loader.prefetch_factor,
+    }
+
+
+def collect(rec: Recorder, report: RunReport) -> RunReport:
+    """Fill ``report`` from what ``rec`` saw (steps, loaders, model, optimizer, syncs, sites, peak RSS), then the
+    verdict."""
+    report.steps = rec.records
+    report.loaders = [loader_settings(x) for x in rec.loaders.values()]
+    if rec.models:
+        m = max(rec.models.values(), key=lambda mod: sum(p.numel() for p in mod.parameters()))
+        report.model = {"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters())}
+        report.input_shape = rec.shapes.get(id(m), [])
+        report.captured["model"] = m
+        for kind in ("model", "call"):
+            if (kind, id(m)) in rec.sites:
+                report.sites[kind] = rec.sites[(kind, id(m))]
+    if rec.optimizers:
+        o = next(iter(rec.optimizers.values()))
+        hp = {k: v for k, v in o.defaults.items() if isinstance(v, int | float | bool) and k in ("lr", "momentum",
+              "weight_decay", "nesterov", "foreach", "fused")}  # fmt: skip
+        report.optimizer = {"class": type(o).__name__, **hp}
+        report.captured["optimizer"] = o
+        if ("optimizer", id(o)) in rec.sites:
+            report.sites["optimizer"] = rec.sites[("optimizer", id(o))]
+    if rec.loaders:
+        first = next(iter(rec.loaders.values()))
+        report.captured["loader"] = first
+        ds = first.dataset
+        report.captured["dataset"] = getattr(ds, "dataset", ds)  # make_loader's BatchDataset wraps the user's
+        if ("loader", id(first)) in rec.sites:
+            report.sites["loader"] = rec.sites[("loader", id(first))]
+    if ("backward", id(None)) in rec.sites:
+        report.sites["backward"] = rec.sites[("backward", id(None))]
+    n = max(1, len(rec.records))
+    report.syncs = sorted(((k, v / n) for k, v in rec.syncs.items()), key=lambda kv: -kv[1])
+    try:
+        import resource
+
+        report.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        report.peak_rss_bytes = None
+    verdict(report)
+    return report
+
+
+def lint_model(report: RunReport) -> None:
+    """``ptt lint`` on the captured model at the run's input shape (a probe of at most 2 samples, the findings
+    stated for the real batch); a model lint cannot run on is said in the list, not raised."""
+    from pytorchtricks.analysis.lint import lint
+
+    model = report.captured.get("model")
+    if model is None or len(report.input_shape) < 2:
+        return
+    try:
+        p = next(model.parameters())
+        shape = (min(2, report.input_shape[0]), *report.input_shape[1:])
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stream is left as it was
+            probe = torch.randn(shape, device=p.device, dtype=p.dtype)
+            found = lint(model, probe, batch_size=report.input_shape[0]).findings
+    except Exception as exc:  # the user's model may not take a random batch of its input's shape: say so
+        report.lint = [
+            {"id": "-", "name": "lint did not run", "location": "", "message": str(exc)[:300], "fix": ""}
+        ]
+        return
+    report.lint = [
+        {"id": f.id, "name": f.name, "location": f.location, "message": f.message, "fix": f.fix}
+        for f in found
+    ]
+
+
+def verdict(r: RunReport) -> None:
+    """The verdict, its evidence (the measured split) and the first fix, on ``r``."""
+    if not r.steps:
+        r.verdict, r.evidence = (
+            "unknown",
+            f"no optimizer step was measured ({r.ended}); raise the script's steps",
+        )
+        r.fix = "run it for more than --warmup steps"
+        return
+    m = r.mean_s()
+    share = {s: m[s] / m["step"] if m["step"] else 0.0 for s in STAGES}
+    split = ", ".join(f"{s} {m[s] * 1e3:.0f} ms ({share[s]:.0%})" for s in STAGES)
+    r.evidence = f"mean step {m['step'] * 1e3:.0f} ms over {len(r.steps)} steps: {split}"
+    loader = r.loaders[0] if r.loaders else None
+    where = r.sites.get("loader")
+    at = f" ({os.path.basename(where['file'])}:{where['line']})" if where else ""
+    if share["data wait"] > INPUT_BOUND_SHARE:
+        r.verdict = "input-bound"
+        workers = loader["num_workers"] if loader else "?"
+        root = loader.get("root") if loader else None
+        via = loader.get("via", "DataLoader") if loader else "DataLoader"
+        first = (
+            "give the DataLoader workers (num_workers=N) or read through ptt.make_loader (crop-aware scaled decode)"
+            if via == "DataLoader"
+            else "more workers, or a RAM cache / a pack of the photos at the crop's size"
+        )
+        r.fix = (
+            f"the step waits {share['data wait']:.0%} of its time for its loader{at} ({via}, {workers} workers): "
+            + first
+            + (f"; `ptt tune --data {root}` measures which, and a RAM cache or a pack" if root else "")
+        )
+    elif share["optimizer"] > OPTIMIZER_BOUND_SHARE:
+        r.verdict = "optimizer-bound"
+        r.fix = "ptt.fast_optimizer(model.parameters(), ...) (fused/foreach, the same update)"
+    elif r.syncs and any(v >= 1 for _, v in r.syncs) and torch.cuda.is_available():
+        r.verdict = "sync-bound"
+        r.fix = f"host syncs every step at {r.syncs[0][0]}: accumulate on the device, read every K steps"
+    else:
+        r.verdict = "compute-bound"
+        r.fix = "the model itself: ptt tune on it (precision, channels_last, compile), or ptt profile for its top ops"
