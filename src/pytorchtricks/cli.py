@@ -796,8 +796,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _script_given_to_tune(argv: Sequence[str]) -> str | None:
+    """``ptt tune train.py``: the .py file given where tune takes options (a user with a training script)."""
+    if list(argv[:1]) != ["tune"]:
+        return None
+    for i, tok in enumerate(argv[1:], start=1):
+        if tok.endswith(".py") and not argv[i - 1].startswith("-"):
+            return tok
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script = _script_given_to_tune(argv)
+    if script is not None:
+        print(
+            f"error: ptt tune takes a model and data (--model, --data), not a script. To tune {script} as it is "
+            f"(its own model, optimizer and data), run it under the doctor: ptt doctor run --tune -- python {script} "
+            "ARGS",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -161,11 +161,30 @@ def test_model_specs_that_are_not_factories_are_refused_before_any_call(spec, ne
         load_model(spec)
 
 
-def test_a_factory_that_exits_is_an_error_not_an_exit(tmp_path):
+def test_a_factory_that_exits_is_an_error_not_an_exit(tmp_path, capsys):
     from pytorchtricks.bench.workloads import load_model
     from pytorchtricks.core import PttError
 
     script = tmp_path / "train.py"
-    script.write_text("import sys\n\ndef main():\n    sys.exit(2)\n", encoding="utf-8")
-    with pytest.raises(PttError, match="tried to exit the process"):
+    script.write_text(
+        "import argparse\n\ndef main():\n    argparse.ArgumentParser().parse_args(['--nope'])\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(PttError, match="tried to exit the process") as err:
         load_model(f"{script}:main")
+    assert f"ptt doctor run --tune -- python {script} ARGS" in str(err.value)
+    assert "usage:" not in capsys.readouterr().err  # the script's own argparse usage is not printed as ours
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text(
+        "import sys, torch\n\ndef build():\n    print('said', file=sys.stderr)\n    return torch.nn.Linear(2, 2)\n",
+        encoding="utf-8",
+    )
+    load_model(f"{noisy}:build")
+    assert capsys.readouterr().err == "said\n"  # a factory that returns keeps what it printed
+
+
+def test_tune_given_a_script_says_to_run_it_under_the_doctor(capsys):
+    from pytorchtricks.cli import main
+
+    assert main(["tune", "train.py"]) == 2
+    assert "ptt doctor run --tune -- python train.py ARGS" in capsys.readouterr().err

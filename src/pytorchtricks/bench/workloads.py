@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -75,17 +77,23 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
                 f"{spec} is {'a built-in function' if inspect.isbuiltin(factory) else 'a class that is not an nn.Module'}"
                 ", not a model factory; --model must name a function or nn.Module class that returns the model."
             )
+    said = io.StringIO()  # what the factory prints to stderr: shown after it returns, dropped if it exits
     try:
-        model = factory(**kwargs)
+        with contextlib.redirect_stderr(said):
+            model = factory(**kwargs)
     except SystemExit as exc:  # e.g. a script's main() parsing our command line with its own argparse
+        script = where if where.endswith(".py") else "train.py"
         raise PttError(
             f"calling {spec} tried to exit the process (SystemExit {exc.code!r}); name a factory that builds and "
-            "returns the model instead of a script's entry point."
+            "returns the model instead of a script's entry point. To tune a training script as it is, run it "
+            f"under the doctor: ptt doctor run --tune -- python {script} ARGS"
         ) from exc
     except Exception as exc:
+        sys.stderr.write(said.getvalue())
         raise PttError(
             f"calling {spec} failed: {type(exc).__name__}: {exc}. Fix the factory or its arguments."
         ) from exc
+    sys.stderr.write(said.getvalue())
     if not isinstance(model, nn.Module):
         raise PttError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module.")
     return model
