@@ -18,6 +18,11 @@ EXIT_USAGE = 2
 # --input-shape defaults: C is the model's channels (its first convolution's in_channels; 3 without one)
 _SHAPE_NOTE = "{}, C the model's input channels"
 # subcommands that run models (and time them with torch.utils.benchmark, which imports torch.utils.cpp_extension)
+MODEL_SPEC_HELP = (
+    "torchvision:NAME, package.module:factory or path/to/file.py:factory; the last two EXECUTE code (import the "
+    "module or run the file's top-level code, then call the factory): give only code you trust. The factory must "
+    "return an nn.Module; built-ins and other callables are refused"
+)
 _TORCH_COMMANDS = ("bench", "doctor", "tune", "lint", "profile", "flops", "memory", "optimize")
 
 Handler = Callable[[argparse.Namespace], int]
@@ -379,8 +384,7 @@ def _add_tune(sub: Any) -> None:
     )
     p.add_argument(
         "--model",
-        help="torchvision:NAME, package.module:factory or path.py:factory (default: ResNet-18); the last two "
-        "import or run that code and call the factory - give only code you trust",
+        help=MODEL_SPEC_HELP + " (default: ResNet-18)",
     )
     p.add_argument(
         "--data",
@@ -563,7 +567,7 @@ def _model_and_input(spec: str, shape: str | None, default: str) -> tuple[Any, A
 
 def _add_lint(sub: Any) -> None:
     p = sub.add_parser("lint", help="check a model against the design rules (PTL001 ...): where, cost, fix")
-    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("model", help=MODEL_SPEC_HELP)
     p.add_argument(
         "--input-shape", help=f"example input shape (default: {_SHAPE_NOTE.format('1,C,224,224')})"
     )
@@ -600,7 +604,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _add_profile(sub: Any) -> None:
     p = sub.add_parser("profile", help="profile a training step: time split, verdict, top ops")
-    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("model", help=MODEL_SPEC_HELP)
     p.add_argument("--input-shape", help=f"batch shape (default: {_SHAPE_NOTE.format('8,C,224,224')})")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: %(default)s)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler (0: skip)")
@@ -651,7 +655,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _add_flops(sub: Any) -> None:
     p = sub.add_parser("flops", help="FLOPs, params and memory access cost per layer (1 MAC = 2 FLOPs)")
-    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("model", help=MODEL_SPEC_HELP)
     p.add_argument(
         "--input-shape", help=f"example input shape (default: {_SHAPE_NOTE.format('1,C,224,224')})"
     )
@@ -670,7 +674,7 @@ def _cmd_flops(args: argparse.Namespace) -> int:
 
 def _add_memory(sub: Any) -> None:
     p = sub.add_parser("memory", help="training memory: params, grads, optimizer state, activations")
-    p.add_argument("model", help="torchvision:NAME, package.module:factory or path.py:factory")
+    p.add_argument("model", help=MODEL_SPEC_HELP)
     p.add_argument("--input-shape", help=f"batch shape (default: {_SHAPE_NOTE.format('8,C,224,224')})")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "none"))
     p.add_argument("--no-measure", action="store_true", help="skip measuring the peak of a real step")
@@ -700,7 +704,7 @@ def _add_optimize(sub: Any) -> None:
     p = sub.add_parser(
         "optimize", help="unshare -> fuse -> reparameterize -> quantize/compile, safety-checked"
     )
-    p.add_argument("model", help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
+    p.add_argument("model", help=MODEL_SPEC_HELP)
     p.add_argument("--input-shape", default="1,3,224,224", help="example input shape (default: %(default)s)")
     p.add_argument("--int8", action="store_true", help="static int8 (PT2E x86 / FX) instead of fp32 compile")
     p.add_argument("--calibrate", metavar="DIR", help="folder of .jpg/.png images for int8 calibration")

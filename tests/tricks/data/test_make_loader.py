@@ -277,3 +277,29 @@ def test_shard_stream_exactly_once_across_workers_and_ranks(packs):
             stream = ShardStream(packs["tar"], seed=0, decode=None, rank=rank, world_size=world)
             seen += _ids(make_loader(stream, 4, crop=None, flip=False, num_workers=2, drop_last=False))
         assert sorted(seen) == list(range(N))
+
+
+def test_shard_stream_augmentations_do_not_depend_on_the_worker_count(tmp_path):
+    """RandomResizedCrop + flip over a ShardStream: each sample's crop is a function of (seed, epoch, sample), so
+    0 and 2 workers give every sample the same pixels (the order may differ), and the next epoch draws anew."""
+    from pytorchtricks.shards.stream import ShardStream
+    from pytorchtricks.shards.writer import pack
+
+    src = tmp_path / "src"
+    ramp = np.tile(np.arange(0, 240, 5, dtype=np.uint8), (48, 1))  # 48x48: the crop and flip show in green
+    for i in range(20):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        img = np.stack([np.full_like(ramp, 10 * i), ramp, ramp.T], axis=-1)  # red: the sample's id
+        Image.fromarray(img).save(src / f"c{i % 2}" / f"{i:02d}.png")
+    pack(str(src), str(tmp_path / "p"), format="tar", workers=0, shard_size=2000)
+
+    def by_id(workers: int, epoch: int) -> dict[int, bytes]:
+        loader = make_loader(ShardStream(str(tmp_path / "p"), seed=0, decode=None), 4, crop=16, num_workers=workers,
+                             drop_last=False, seed=3)  # fmt: skip
+        loader.set_epoch(epoch)
+        return {int(round(float(x[k, 0].float().mean()) / 10)): x[k].numpy().tobytes() for x, _ in loader
+                for k in range(len(x))}  # fmt: skip
+
+    zero, two = by_id(0, 0), by_id(2, 0)
+    assert sorted(zero) == list(range(20)) and zero == two
+    assert sum(a != b for a, b in zip(zero.values(), (by_id(0, 1)[k] for k in zero), strict=True)) > 10

@@ -105,8 +105,31 @@ class EpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
             yield self.epoch, idx[s : s + self.batch_size]
 
 
+def sample_identity(payload: Any, label: int) -> int:
+    """A sample's identity from its content (crc32 of its bytes and its label), for a stream that does not say its
+    samples' indices: its augmentation is then a function of (seed, epoch, sample), the same whatever the workers,
+    ranks or order. Two byte-identical samples with one label get the same draw in an epoch."""
+    import zlib
+
+    if isinstance(payload, torch.Tensor):
+        payload = payload.detach().cpu().contiguous().numpy()
+    if isinstance(payload, np.ndarray):
+        data: Any = np.ascontiguousarray(payload)
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        data = payload
+    elif hasattr(payload, "tobytes"):  # a PIL image
+        data = payload.tobytes()
+    else:
+        raise PttError(
+            f"make_loader cannot read a stream item of type {type(payload).__name__}: give bytes or arrays."
+        )
+    return zlib.crc32(memoryview(data).cast("B"), zlib.crc32(int(label).to_bytes(8, "little", signed=True)))
+
+
 class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """Batches from an iterable dataset (ShardStream): the stream splits itself across ranks and workers."""
+    """Batches from an iterable dataset (ShardStream): the stream splits itself across ranks and workers. Each
+    sample's augmentation draws from (seed, epoch, its content's identity): the same batches' samples whatever
+    the worker count."""
 
     def __init__(self, stream: Any, maker: SampleMaker, batch_size: int, drop_last: bool, seed: int) -> None:
         self.stream, self.maker, self.batch_size, self.drop_last, self.seed = (
@@ -119,14 +142,12 @@ class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Batch]:
-        info = torch.utils.data.get_worker_info()
-        wid = info.id if info is not None else 0
         if hasattr(self.stream, "set_epoch"):
             self.stream.set_epoch(self.epoch)
         images: list[np.ndarray] = []
         labels: list[int] = []
-        for k, item in enumerate(self.stream):
-            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch, wid, k]))
+        for item in self.stream:
+            rng = sample_rng(self.seed, self.epoch, sample_identity(item[0], item[1]))
             images.append(self.maker(item[0], rng))
             labels.append(int(item[1]))
             if len(images) == self.batch_size:
