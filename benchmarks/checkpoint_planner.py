@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.measure import compare, cpu_tracked_peak_bytes, environment, write_jsonl
+from pytorchtricks.clock import compare, cpu_tracked_peak_bytes, environment, write_jsonl
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 import pytorchtricks as ptt
-from pytorchtricks.bench import fashion_mnist as fm
-from pytorchtricks.bench.measure import environment, write_results
+from pytorchtricks import fashion_mnist as fm
+from pytorchtricks.clock import environment, write_results
 from pytorchtricks.hardware import cpu_caps
 
 

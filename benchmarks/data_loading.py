@@ -51,7 +51,7 @@ SYSTEMS: dict[str, tuple[str, str]] = {
 
 
 def _now() -> float:
-    from pytorchtricks.bench.measure import now_s
+    from pytorchtricks.clock import now_s
 
     return now_s()
 
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         print("__RESULT__" + json.dumps(run_one(args.run_one, args.folder, args.work, args.epochs)))
         return 0
 
-    from pytorchtricks.bench.measure import environment, write_jsonl
+    from pytorchtricks.clock import environment, write_jsonl
 
     if args.render_only:  # rewrite the Markdown from the committed JSONL (e.g. with a --note), no timing
         with open(os.path.join(args.out, f"data_loading-{args.images}.jsonl")) as fh:

@@ -2,7 +2,7 @@
 
 For each experiment the variants have equal FLOPs (within rounding) and differ in memory access cost (MAC: bytes
 read + written, ``ptt.count_flops``). All variants of an experiment are timed forward-only, interleaved in rotating
-order round after round (``bench.measure.compare``); the table shows each variant's MAC and time relative to the
+order round after round (``clock.compare``); the table shows each variant's MAC and time relative to the
 experiment's first variant (the guideline-following one). A guideline "reproduces" here when more MAC also means
 more time. Run under ``flock /tmp/ptt-bench.lock`` (``make bench-design``) so benchmarks do not overlap.
 
@@ -19,7 +19,7 @@ import sys
 import torch
 
 from pytorchtricks.analysis.design_rules import experiments
-from pytorchtricks.bench.measure import compare, environment, write_jsonl
+from pytorchtricks.clock import compare, environment, write_jsonl
 from pytorchtricks.hardware import cpu_caps
 
 

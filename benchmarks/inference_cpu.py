@@ -1,6 +1,6 @@
 """CPU inference: ResNet-18 (random weights, randomized BN) at 160 px, batch 1 and 8, 1 and 2 threads.
 
-Variants, timed interleaved per configuration (``bench.measure.compare``): eager fp32, channels_last, fused
+Variants, timed interleaved per configuration (``clock.compare``): eager fp32, channels_last, fused
 (``fuse_conv_bn_``), compile + freezing, bf16 (+ compile + freezing), int8 (ours: the ``ptt optimize --int8``
 pipeline), ONNX Runtime fp32 and static int8 (QDQ), 50% channels physically removed (eager), and RepVGG train vs
 deploy form. int8 is calibrated on real photos (Debian wallpaper packages) and its SQNR vs fp32 is measured on them.
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.analysis.safety import reference_outputs, sqnr_db
-from pytorchtricks.bench.measure import compare, environment, write_results
+from pytorchtricks.clock import compare, environment, write_results
 from pytorchtricks.hardware import cpu_caps
+from pytorchtricks.safety import reference_outputs, sqnr_db
 
 PHOTO_GLOBS = (
     "/usr/share/backgrounds/*.jpg",
@@ -52,7 +52,7 @@ def build_variants(batch: int, px: int, quick: bool) -> tuple[dict[str, Any], di
 
     import pytorchtricks as ptt
     from pytorchtricks.bench.optimize import optimize
-    from pytorchtricks.bench.workloads import randomize_bn_
+    from pytorchtricks.fixtures import randomize_bn_
     from pytorchtricks.tricks.model._rep_blocks import repvgg_net
     from pytorchtricks.tricks.model.export_onnx import OnnxRunner, quantize_onnx_static
 

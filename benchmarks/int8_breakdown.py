@@ -6,7 +6,7 @@ splits one call of the compiled int8 model (PT2E x86 quantizer + inductor freezi
 - oneDNN kernel time: the execution times oneDNN itself reports (``ONEDNN_VERBOSE`` exec lines) summed per call;
 - torch op time: the profiler's self time of the quantized ops (``onednn::qconv*``, ``qlinear``, ``max_pool2d``),
   which is the kernel plus the op's own set-up (primitive-cache lookup, scale tensors, output allocation);
-- the whole call: interleaved timing against ORT's static int8 session (``bench.measure.compare``).
+- the whole call: interleaved timing against ORT's static int8 session (``clock.compare``).
 
 The difference between the whole call and the ops is the compiled graph's own cost (guards, wrapper code, the
 input quantize kernel). ``ptt optimize --int8`` now runs the graph as a oneDNN plan (every int8 op one primitive
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from inference_cpu import photos
 
-from pytorchtricks.bench.measure import compare, environment, write_results
+from pytorchtricks.clock import compare, environment, write_results
 from pytorchtricks.hardware import cpu_caps
 
 EXEC = re.compile(r"^onednn_verbose,.*?,primitive,exec,cpu,.*,([0-9.]+)$")
@@ -86,7 +86,7 @@ def run(batch: int, threads: int, rounds: int) -> dict[str, Any]:
 
     import pytorchtricks as ptt
     from pytorchtricks.bench.optimize import optimize
-    from pytorchtricks.bench.workloads import randomize_bn_
+    from pytorchtricks.fixtures import randomize_bn_
     from pytorchtricks.tricks.model.export_onnx import OnnxRunner, quantize_onnx_static
 
     torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 
 For each model x optimizer: the estimate (params + grads + optimizer state + saved activations + the workspace
 measured on the probe step: backward's transient peak, or the optimizer step's) next to the measured peak of live
-tensor bytes during a steady-state step on CPU (allocator events replayed, ``bench.measure.peak_memory``). The
+tensor bytes during a steady-state step on CPU (allocator events replayed, ``clock.peak_memory``). The
 workspace is the backend's (oneDNN's scratchpads depend on the ISA and the thread count, both in every row's
 environment). Then ``find_batch_size`` on ResNet-18 at 64 px under a 256 MiB budget: every fitting multiple of 8
 timed, the fastest kept. Run under ``flock /tmp/ptt-bench.lock`` (``make
@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.measure import environment, write_jsonl
-from pytorchtricks.bench.workloads import load_model, small_cnn
+from pytorchtricks.bench.workloads import load_model
+from pytorchtricks.clock import environment, write_jsonl
+from pytorchtricks.fixtures import small_cnn
 from pytorchtricks.hardware import cpu_caps
 
 MiB = 2**20

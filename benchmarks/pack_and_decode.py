@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.bench.measure import compare, environment, time_call, write_jsonl
+from pytorchtricks.clock import compare, environment, time_call, write_jsonl
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.shards.dataset import ShardDataset
 from pytorchtricks.shards.jpeg import available_backends, decode_image, image_size

@@ -3,7 +3,7 @@
 Models: torchvision ResNet-18 (weights=None) at 128 px, batch 64, and a ViT-tiny (torchvision VisionTransformer,
 patch 16, 12 layers, 3 heads, width 192, MLP 768) at 128 px, batch 64. One call = one full step (forward,
 cross-entropy, backward, SGD-momentum step, zero_grad). Variants run interleaved in rotating order
-(``bench.measure.compare``); ratios are paired per round (median and IQR); peak memory is the live-tensor peak of
+(``clock.compare``); ratios are paired per round (median and IQR); peak memory is the live-tensor peak of
 one step from allocator events (``cpu_tracked``). Writes ``results/<cpu class>/train_step-cpu.jsonl`` and ``.md``.
 
 Run: ``make bench-train`` (takes the shared benchmark lock). Few rounds on purpose: a 2-core step takes seconds and
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.measure import compare, environment, peak_memory, write_jsonl
+from pytorchtricks.clock import compare, environment, peak_memory, write_jsonl
 from pytorchtricks.hardware import cpu_caps
 
 HERE = os.path.dirname(os.path.abspath(__file__))

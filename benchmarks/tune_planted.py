@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=150.0, help="seconds per tune run")
     args = ap.parse_args()
 
-    from pytorchtricks.bench.measure import write_jsonl
+    from pytorchtricks.clock import write_jsonl
     from pytorchtricks.tune.engine import tune_model
     from pytorchtricks.tune.receipt import payload, rows
 

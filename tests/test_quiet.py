@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pytorchtricks.bench.alloc_events import cpu_alloc_peak_bytes, quiet_peak_memory
-from pytorchtricks.bench.measure import cpu_tracked_peak_bytes
+from pytorchtricks.clock import cpu_tracked_peak_bytes
 from pytorchtricks.quiet import filtered_stderr, is_noise
 
 ALARM = re.compile(r"ERROR|USDT|Traceback")

@@ -27,11 +27,11 @@ _EXPORTS: dict[str, str] = {
     "PttWarning": "pytorchtricks.core",
     # catalogue and measuring engine
     "catalogue": "pytorchtricks.catalogue",
-    "measure": "pytorchtricks.bench.measure",
-    "compare": "pytorchtricks.bench.measure",
-    "peak_memory": "pytorchtricks.bench.measure",
-    "SavedTensorMeter": "pytorchtricks.bench.measure",
-    "environment": "pytorchtricks.bench.measure",
+    "measure": "pytorchtricks.clock",
+    "compare": "pytorchtricks.clock",
+    "peak_memory": "pytorchtricks.clock",
+    "SavedTensorMeter": "pytorchtricks.clock",
+    "environment": "pytorchtricks.clock",
     # tricks/runtime
     "enable_cudnn_benchmark": "pytorchtricks.tricks.runtime.enable_cudnn_benchmark",
     "enable_tf32": "pytorchtricks.tricks.runtime.enable_tf32",
@@ -108,8 +108,8 @@ _EXPORTS: dict[str, str] = {
     "DecodeError": "pytorchtricks.shards.errors",
     "inspect_shards": "pytorchtricks.shards.inspect",
     # analysis
-    "check_transform": "pytorchtricks.analysis.safety",
-    "SafetyError": "pytorchtricks.analysis.safety",
+    "check_transform": "pytorchtricks.safety",
+    "SafetyError": "pytorchtricks.safety",
     "doctor_data": "pytorchtricks.analysis.data_doctor",
     "check_reproducible": "pytorchtricks.analysis.reproducibility",
     "lint": "pytorchtricks.analysis.lint",

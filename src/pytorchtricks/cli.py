@@ -480,6 +480,13 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--no-shuffle", action="store_true", help="keep the listing order (no seeded permutation)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strict", action="store_true", help="fail on the first bad file instead of listing it")
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse (list in rejects) images whose header declares more pixels, before decoding (default: 178956970)",
+    )
     p.add_argument("--verify", action="store_true", help="re-read every shard and record after packing")
     p.set_defaults(handler=_cmd_pack)
 
@@ -491,6 +498,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         args.src, args.dst, format=args.format, resize=args.resize, max_side=args.max_side, quality=args.quality,
         raw=args.raw, shard_size=args.shard_size, workers=args.workers, shuffle=not args.no_shuffle, seed=args.seed,
         strict=args.strict, verify=args.verify, progress=True,
+        **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )  # fmt: skip
     console = _console()
     rate = s.get("images_per_s")

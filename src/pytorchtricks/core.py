@@ -47,7 +47,7 @@ class TrickInfo:
 class BenchCase:
     """What ``bench_case(size)`` returns: the untreated and treated callables, measured by ``bench/``.
 
-    The trick builds the inputs once; ``bench/measure.py`` calls ``baseline`` and ``treated`` interleaved.
+    The trick builds the inputs once; ``clock.py`` calls ``baseline`` and ``treated`` interleaved.
     ``items_per_call`` turns seconds into a throughput (images, samples, steps). ``peers`` holds optional
     third-party implementations of the same work, measured in the same rounds. ``check``, when set, is called
     once with the outputs of baseline and treated and raises if they disagree (exactness at bench time).

@@ -13,8 +13,8 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.analysis.lint_rules import RULES
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import PttError
+from pytorchtricks.fixtures import randomize_bn_
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,9 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.analysis.memory import _predict_bytes, measure_step_peak
-from pytorchtricks.bench.workloads import load_model, small_cnn
+from pytorchtricks.bench.workloads import load_model
 from pytorchtricks.core import PttError
+from pytorchtricks.fixtures import small_cnn
 
 
 @pytest.fixture(autouse=True)

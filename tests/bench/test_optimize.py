@@ -11,8 +11,8 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.bench.optimize import optimize
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.cli import main
+from pytorchtricks.fixtures import randomize_bn_
 
 
 class Net(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pytorchtricks.report import html, plots
 from pytorchtricks.tune.candidates import Check
 from pytorchtricks.tune.diagnose import Diagnosis, Finding
-from pytorchtricks.tune.engine import CandidateResult, Measured, TuneResult
+from pytorchtricks.tune.measuring import CandidateResult, Measured, TuneResult
 from pytorchtricks.tune.receipt import apply_snippet, payload, rows
 
 
@@ -33,7 +33,12 @@ def _result() -> TuneResult:
         verdict="compute-bound",
         findings=[
             Finding(
-                "conv-bias-before-bn", "0", "a <b>bias</b> feeds BN", "ptt.remove_conv_bias_before_bn_(model)"
+                "PTL001",
+                "conv-bias-before-bn",
+                "0",
+                "a <b>bias</b> feeds BN",
+                "",
+                "ptt.remove_conv_bias_before_bn_(model)",
             )
         ],
         memory={

@@ -14,7 +14,8 @@ from pytorchtricks import catalogue
 from pytorchtricks.core import TrickInfo
 from pytorchtricks.tunable import TuneFacts, TuneHook
 from pytorchtricks.tune.diagnose import conv_bn_pairs
-from pytorchtricks.tune.engine import facts_of, run_tune
+from pytorchtricks.tune.engine import run_tune
+from pytorchtricks.tune.measuring import facts_of
 from pytorchtricks.tune.workload import build_workload
 
 pytestmark = pytest.mark.isa  # the candidate rules depend on the CPU's capabilities (bf16)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pytorchtricks.tune import engine
-from pytorchtricks.tune.engine import Measured, plan_blocks
 from pytorchtricks.tune.hooks import by_name
+from pytorchtricks.tune.measuring import Measured, plan_blocks
 from pytorchtricks.tune.runner import prepare_key
 
 

@@ -113,13 +113,5 @@ def _shapes(obj: Any) -> list[tuple[int, ...]]:
     return []
 
 
-def module_paths(model: nn.Module) -> dict[int, str]:
-    """id(module) -> its first qualified name (the root is ``""``)."""
-    out: dict[int, str] = {}
-    for name, m in model.named_modules():
-        out.setdefault(id(m), name)
-    return out
-
-
 def display(path: str) -> str:
     return path or "(model)"

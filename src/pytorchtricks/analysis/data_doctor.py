@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.bench.measure import Stopwatch, now_s
+from pytorchtricks.clock import Stopwatch, now_s
 from pytorchtricks.core import PttError, resolve_device
 
 __all__ = ["doctor_data", "DataReport", "open_image_dataset"]

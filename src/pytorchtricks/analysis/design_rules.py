@@ -3,7 +3,7 @@
 Each experiment is a set of variants with the same FLOPs (within rounding) but different memory access cost (MAC,
 in ShuffleNetV2's sense: bytes read and written). ``benchmarks/design_rules.py`` times them all on this machine;
 ``measure_findings`` times the user's own G1/G2 layers against their equal-FLOPs alternative, so the linter's
-claims are checked on the user's hardware instead of asserted. Timing goes through ``bench.measure.compare``.
+claims are checked on the user's hardware instead of asserted. Timing goes through ``clock.compare``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def measure_findings(
     Each layer is rebuilt at its own input shape (batch included, read by one forward over ``example_inputs``)
     with random weights, and timed interleaved with the alternative, forward only, under ``no_grad``.
     """
-    from pytorchtricks.bench.measure import compare
+    from pytorchtricks.clock import compare
 
     modules = dict(model.named_modules())
     todo = [f for f in findings if f.id in ("PTL004", "PTL005") and f.location in modules]

@@ -31,7 +31,8 @@ ATTENTION_MAX_TOKENS = (
 
 @dataclass
 class Finding:
-    """One lint result: rule id and name, where (module path), what it costs, and how to fix it."""
+    """One finding - of a lint rule or of tune's diagnosis (one type for both): id and name (one id per concept:
+    ``PTL...`` lint rules, ``PTD...`` the diagnosis' own), where, what it costs, and how to fix it."""
 
     id: str
     name: str
@@ -43,6 +44,7 @@ class Finding:
     severity: str = "warn"  # warn | info
     cost_bytes: int = 0  # estimated bytes (memory traffic per forward, or parameter bytes): for sorting
     measured: str = ""
+    source: str = "ptt.lint"  # who found it: ptt.lint, or tune's own diagnosis ("tune", "ptt.doctor_data")
 
     def line(self) -> str:
         m = f" measured: {self.measured}." if self.measured else ""

@@ -5,7 +5,7 @@ parameter), the activations autograd saves for backward, and transient workspace
 from shapes. Everything else is measured on a copy of the model with one probe step: a forward under
 ``saved_tensors_hooks`` gives the exact saved bytes per module (storages counted once; parameters, buffers and the
 input batch excluded: they are live anyway), the backward that follows runs under the allocator meter
-(``bench.measure.peak_memory``) with gradients already allocated, as in every step but the first, and two optimizer
+(``clock.peak_memory``) with gradients already allocated, as in every step but the first, and two optimizer
 steps give the state and the step's own temporaries (foreach/fused buffers, Adam's ``sqrt``/``div``).
 
 The backward workspace is measured, not modelled, because the backend decides it: oneDNN picks a backward-weights
@@ -175,7 +175,7 @@ def _probe_step(model: nn.Module, args: tuple[Any, ...], loss_fn: LossFn) -> _Pr
     ``.grad`` and frees it, so the peak holds only the backend's own transients (kernel scratchpads, the gradients
     in flight, reorders) on top of the saved activations that have not been freed yet.
     """
-    from pytorchtricks.bench.measure import peak_memory
+    from pytorchtricks.clock import peak_memory
 
     for p in model.parameters():
         if p.requires_grad and p.grad is None:
@@ -238,7 +238,7 @@ def _optimizer_probe(
     The transient (foreach/fused temporaries; the single-tensor Adam's ``sqrt``/``div`` of each parameter) is
     measured on the second step, when the state exists.
     """
-    from pytorchtricks.bench.measure import peak_memory
+    from pytorchtricks.clock import peak_memory
 
     if opt is None or original is None:
         return 0, 0
@@ -305,7 +305,7 @@ def measure_step_peak(
     The step is ``zero_grad(set_to_none=False)``, forward, backward, ``optimizer.step()`` after one warm-up step
     (so gradients and optimizer state already exist, as in every step but the first).
     """
-    from pytorchtricks.bench.measure import peak_memory
+    from pytorchtricks.clock import peak_memory
 
     args = as_args(example_batch)
     loss_fn = loss_fn or _default_loss
@@ -431,7 +431,7 @@ def find_batch_size(
 
     Memory per candidate is predicted from two probes (the backward's measured peak grows linearly with the
     batch, the optimizer's part does not); every candidate that fits is timed (a few training steps on a copy of
-    the model, ``bench.measure``), and the winner is checked by running a real step and measuring its peak (falling
+    the model, ``clock``), and the winner is checked by running a real step and measuring its peak (falling
     back to the next fastest if it does not fit).
     ``make_batch(n)`` returns the model input for batch size ``n``. The model and optimizer are left unchanged.
 
@@ -442,7 +442,7 @@ def find_batch_size(
         >>> r.batch_size % 8 == 0 and r.batch_size <= 64
         True
     """
-    from pytorchtricks.bench.measure import measure
+    from pytorchtricks.clock import measure
 
     check_module(model)
     if budget_bytes <= 0:

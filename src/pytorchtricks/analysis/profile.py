@@ -11,7 +11,7 @@ Three passes over the user's own step function:
 The verdict names the bottleneck (input-bound, sync-bound, compute-bound, or overhead-bound) and the first trick
 to try - filtered by the device it runs on: bf16 only where it is native (CPU: avx512_bf16/AMX, not limited away;
 CUDA: ``torch.cuda.is_bf16_supported()``), since emulated bf16 is several times slower than fp32. Clock reads go
-through ``bench.measure.now_s``; Kineto's log lines of a run that went well are dropped (``quiet``).
+through ``clock.now_s``; Kineto's log lines of a run that went well are dropped (``quiet``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from pytorchtricks.bench.measure import now_s, sync
+from pytorchtricks.clock import now_s, sync
 from pytorchtricks.core import PttError
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.quiet import filtered_stderr

@@ -135,7 +135,7 @@ def write_run(
     Returns the results.jsonl path."""
     import json
 
-    from pytorchtricks.bench.measure import environment
+    from pytorchtricks.clock import environment
     from pytorchtricks.report.html import render_doctor
 
     os.makedirs(out_dir, exist_ok=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.bench.measure import now_s
+from pytorchtricks.clock import now_s
 
 __all__ = [
     "STAGES",

@@ -1,12 +1,12 @@
 """Peak CPU memory of a callable from the allocator's own events, without starting the Kineto profiler.
 
-``bench.measure.cpu_tracked_peak_bytes`` replays the ``[memory]`` events of ``torch.profiler`` - which starts
+``clock.cpu_tracked_peak_bytes`` replays the ``[memory]`` events of ``torch.profiler`` - which starts
 Kineto, and Kineto prints ``USDT: profiler_start/stop`` pairs and, on a CUDA build without a driver,
 ``ERROR: gpuGetDeviceCount failed`` on every run. The allocator reports the same events (c10's
 ``ProfiledCPUMemoryReporter``: every CPU allocation and free made through PyTorch, in order) to torch's
 CPU-only profiler state, which involves no Kineto at all; ``quiet_peak_memory`` replays those. Same method, same
 numbers (``method="cpu_tracked"``), nothing on the terminal. Where this torch lacks the CPU-only profiler state,
-it falls back to ``bench.measure.peak_memory`` with the known harmless lines filtered (``quiet.filtered_stderr``).
+it falls back to ``clock.peak_memory`` with the known harmless lines filtered (``quiet.filtered_stderr``).
 
 Example:
     >>> r = quiet_peak_memory(lambda: torch.ones(1024, 256).sum())  # 1 MiB of fp32 at once
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.bench.measure import MemoryResult, peak_memory
+from pytorchtricks.clock import MemoryResult, peak_memory
 from pytorchtricks.quiet import filtered_stderr
 
 __all__ = ["cpu_alloc_peak_bytes", "quiet_peak_memory"]
@@ -62,7 +62,7 @@ def cpu_alloc_peak_bytes(fn: Callable[[], Any]) -> int | None:
 
 
 def quiet_peak_memory(fn: Callable[[], Any], device: torch.device | str | None = "cpu") -> MemoryResult:
-    """``bench.measure.peak_memory`` without Kineto's terminal output: CPU peaks from ``cpu_alloc_peak_bytes``."""
+    """``clock.peak_memory`` without Kineto's terminal output: CPU peaks from ``cpu_alloc_peak_bytes``."""
     dev = torch.device(device or "cpu")
     if dev.type == "cpu":
         peak = cpu_alloc_peak_bytes(fn)

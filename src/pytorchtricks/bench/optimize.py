@@ -1,7 +1,7 @@
 """The inference pipeline behind ``ptt optimize``: unshare -> fuse -> reparameterize -> quantize -> compile.
 
 Each step runs its safety check (outputs vs the original model on the example inputs, caller's inputs unchanged);
-the stages are then timed interleaved against eager fp32 (``bench.measure.compare``), so the table shows what each
+the stages are then timed interleaved against eager fp32 (``clock.compare``), so the table shows what each
 step bought and what it cost in SQNR.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytorchtricks.analysis.safety import check_transform, reference_outputs
 from pytorchtricks.core import PttError
+from pytorchtricks.safety import check_transform, reference_outputs
 
 
 @dataclass
@@ -58,11 +58,13 @@ def load_calibration(folder: str, shape: Sequence[int], limit: int = 64) -> list
     image_mod = require("PIL.Image", "data", package="pillow")
     if not os.path.isdir(folder):
         raise PttError(f"--calibrate {folder!r} is not a folder; give a folder of .jpg/.png images.")
+    from pytorchtricks.shards.sources import IMAGE_EXTENSIONS
+
     files = sorted(
         os.path.join(root, f)
         for root, _, names in os.walk(folder)
         for f in names
-        if f.lower().endswith((".jpg", ".jpeg", ".png"))
+        if f.lower().endswith(IMAGE_EXTENSIONS)
     )[:limit]
     if not files:
         raise PttError(f"no .jpg/.png images under {folder!r}; calibration needs a few real inputs.")
@@ -181,7 +183,7 @@ def _compile_mode(model: Any) -> str:
 
 def time_stages(opt: Optimized, example_inputs: Any, *, rounds: int = 5, min_run_time_s: float = 0.2) -> None:
     """Time every stage interleaved vs eager fp32 and store the speed-ups on the steps."""
-    from pytorchtricks.bench.measure import compare
+    from pytorchtricks.clock import compare
 
     example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
 

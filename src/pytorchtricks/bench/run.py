@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.bench.measure import compare, environment, peak_memory, write_jsonl
 from pytorchtricks.catalogue import Trick, get
+from pytorchtricks.clock import compare, environment, peak_memory, write_jsonl
 from pytorchtricks.core import SIZES, PttError, resolve_device
 
 ROUNDS = {"smoke": 3, "full": 7}

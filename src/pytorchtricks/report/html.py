@@ -191,8 +191,8 @@ def _diagnosis(p: dict[str, Any]) -> str:
                 ["id", "where", "finding", "fix", "source"],
                 [
                     [
-                        _e(f["id"]),
-                        _e(f["where"]),
+                        _e(f"{f['id']} {f['name']}"),
+                        _e(f["location"]),
                         _e(f["message"]),
                         f"<code>{_e(f['fix'])}</code>",
                         _e(f["source"]),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards import layout
+from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
 
@@ -90,14 +90,15 @@ class ShardDataset:
             )
         self.classes: list[str] = list(manifest["classes"])
         self._count = int(manifest["count"])
-        self._shard_names = tuple(
-            s["name"] for s in manifest["shards"]
-        )  # one entry per shard, not per sample
+        self._shards = tuple(dict(s) for s in manifest["shards"])  # one entry per shard, not per sample
+        self._first = np.concatenate([[0], np.cumsum([s["count"] for s in self._shards], dtype=np.int64)])
         self._decode = make_decoder(decode)
         self.transform = transform
         self.on_error = check_on_error(on_error)
         self.verify_crc = verify_crc
-        self.labels = np.array(layout.load_index(self.path, self._count)["label"], dtype=np.int64)
+        index = layout.load_index(self.path, self._count)
+        layout.check_index(self.path, manifest, index)  # counts, shard order, class histogram: cheap
+        self.labels = np.array(index["label"], dtype=np.int64)
         self._reset()
 
     def _reset(self) -> None:
@@ -126,7 +127,9 @@ class ShardDataset:
         if self._index is None:
             self._index = layout.load_index(self.path, self._count)
             # plain ndarray views of the memmapped columns: element access is ~50x cheaper than a memmap row
-            self._cols = tuple(self._index[f].view(np.ndarray) for f in ("shard", "offset", "length", "crc"))
+            self._cols = tuple(
+                self._index[f].view(np.ndarray) for f in ("shard", "offset", "length", "crc", "label")
+            )
         return self._index
 
     def read_raw(self, i: int) -> tuple[Any, int, dict[str, Any]]:
@@ -136,15 +139,13 @@ class ShardDataset:
             raise IndexError(f"sample {i} out of range for {n} samples")
         i = int(i) % n
         self._rows()
-        c_shard, c_offset, c_length, c_crc = self._cols
+        c_shard, c_offset, c_length, c_crc, c_label = self._cols
         crc = int(c_crc[i]) if self.verify_crc else None
         if self.format == "ptt":
             sid = int(c_shard[i])
             mm = self._maps.get(sid)
             if mm is None:
-                from pytorchtricks.shards.ptt_format import MappedShard
-
-                mm = self._maps[sid] = MappedShard(os.path.join(self.path, self._shard_names[sid]))
+                mm = self._map_shard(sid, i)
             rec = mm.slice(int(c_offset[i]), int(c_length[i]), i)
             where = mm.path
         else:
@@ -152,7 +153,8 @@ class ShardDataset:
 
             where = os.path.join(self.path, layout.LMDB_DIR)
             if self._env is None:
-                self._env = open_env(where)
+                self._check_lmdb_size(where, i)
+                self._env = open_env(where)  # one env per process, shared with other readers of the pack
             val = lmdb_get(self._env, i, where)
             stored = int.from_bytes(val[:4], "little")
             if crc is not None and stored != crc:
@@ -160,10 +162,36 @@ class ShardDataset:
                     "record CRC differs from the index: index and LMDB do not match", path=where, record=i
                 )
             rec = val[4:]
-        payload, label, extras = decode_record(rec, path=where, index=i, crc=crc)
+        payload, label, extras = decode_record(rec, path=where, index=i, crc=crc, label=int(c_label[i]))
         if isinstance(payload, np.ndarray):
             payload = payload.copy()  # writable and detached from the memory map
         return payload, label, extras
+
+    def _map_shard(self, sid: int, i: int) -> Any:
+        """Map shard ``sid`` on its first read in this process, after checking it against manifest and index."""
+        from pytorchtricks.shards.ptt_format import MappedShard
+
+        if not 0 <= sid < len(self._shards):
+            raise ShardError(f"index names shard {sid} of {len(self._shards)}", path=self.path, record=i)
+        entry = self._shards[sid]
+        path = os.path.join(self.path, entry["name"])
+        assert self._index is not None
+        ptt_format.check_ptt_shard(path, entry, self._index[self._first[sid] : self._first[sid + 1]], i)
+        mm = self._maps[sid] = MappedShard(path)
+        if entry.get("bytes") is not None and mm.size != entry["bytes"]:  # replaced between check and map
+            raise ShardError("shard changed size while being opened", path=path, record=i)
+        return mm
+
+    def _check_lmdb_size(self, where: str, i: int) -> None:
+        want = self._shards[0].get("bytes")
+        data = os.path.join(where, "data.mdb")
+        size = layout.regular_size(data)
+        if want is not None and size < want:  # grows when edited in place; shorter is always a cut file
+            raise ShardError(
+                f"data.mdb is {size} bytes, the manifest says {want}: truncated (restore it or re-run `ptt pack`)",
+                path=data,
+                record=i,
+            )
 
     def _load(self, i: int) -> tuple[Any, int, dict[str, Any]]:
         payload, label, extras = self.read_raw(i)

@@ -11,9 +11,11 @@ class ShardError(PttError):
     Attributes:
         path: the file that failed (shard, index, manifest or LMDB folder).
         record: the record index inside that file, or ``None`` when the whole file is bad.
+        reason: the message without the file and record prefix.
     """
 
     def __init__(self, message: str, *, path: str | None = None, record: int | None = None) -> None:
+        self.reason = message
         where = ""
         if path is not None:
             where = f"{path}" + (f", record {record}" if record is not None else "")

@@ -12,7 +12,7 @@ from pytorchtricks.shards.errors import DecodeError, ShardError
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with layout.open_regular(path) as fh:  # a directory, FIFO or device is a ShardError, never a hang
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -31,9 +31,21 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
             if m["format"] == "lmdb"
             else os.path.join(dst, s["name"])
         )
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             problems.append(f"{path}: missing")
-        elif _sha256(path) != s["sha256"]:
+            continue
+        try:
+            digest = _sha256(path)
+        except ShardError as exc:
+            problems.append(str(exc))
+            continue
+        except OSError as exc:
+            problems.append(f"{path}: unreadable: {exc}")
+            continue
+        size = os.path.getsize(path)
+        if s.get("bytes") is not None and size != s["bytes"]:
+            problems.append(f"{path}: {size} bytes, the manifest says {s['bytes']} (truncated or replaced)")
+        elif s.get("sha256") is not None and digest != s["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
     if problems:
         return problems
@@ -50,15 +62,20 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
         if m["format"] == "tar":
             from pytorchtricks.shards.tar_format import iter_tar_groups, tar_sample
 
-            n = 0
+            first = 0
             for s in m["shards"]:
                 path = os.path.join(dst, s["name"])
+                n = 0
                 for j, (key, group) in enumerate(iter_tar_groups(path)):
-                    payload, _, _ = tar_sample(key, group, path=path, index=j)
+                    if key != f"{first + j:09d}":
+                        problems.append(f"{path}, record {j}: key {key!r}, expected sample {first + j}")
+                        break
+                    payload, _, _ = tar_sample(key, group, path=path, index=j, require_crc=True)
                     check(payload, path, j)
                     n += 1
-            if n != m["count"]:
-                problems.append(f"{dst}: {n} samples in the tars, manifest says {m['count']}")
+                if n != s["count"]:
+                    problems.append(f"{path}: {n} samples in the tar, the manifest says {s['count']}")
+                first += s["count"]
         else:
             from pytorchtricks.shards.dataset import ShardDataset
 
@@ -86,14 +103,16 @@ def inspect_shards(
     """
     dst = os.fspath(path)
     m = layout.load_manifest(dst)
-    payload = int(m.get("payload_bytes", 0))
-    out = int(m.get("bytes_out", 0))
+    payload = m.get("payload_bytes", 0)
+    out = m.get("bytes_out", 0)
+    payload = payload if isinstance(payload, int) else 0
+    out = out if isinstance(out, int) else 0
     report = {
         "path": dst,
         "format": m["format"],
         "count": m["count"],
         "shards": len(m["shards"]),
-        "classes": dict(zip(m["classes"], m["class_counts"])),
+        "classes": dict(zip(m["classes"], m["class_counts"], strict=False)),
         "bytes_in": m.get("bytes_in"),
         "payload_bytes": payload,
         "bytes_out": out,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import stat
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -47,6 +48,101 @@ def is_pack_file(name: str) -> bool:
     )
 
 
+def open_regular(path: str) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file (after symlinks).
+
+    A FIFO would block ``open`` forever, ``/dev/zero`` never ends and a directory raises ``IsADirectoryError``:
+    opening non-blocking and checking ``fstat`` refuses all three without a race between check and open.
+
+    Raises:
+        ShardError: missing, not a regular file, or unreadable, naming ``path``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise ShardError("file is missing (restore it or re-run `ptt pack`)", path=path) from exc
+    except OSError as exc:
+        raise ShardError(f"cannot open: {exc}", path=path) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardError(
+                "not a regular file (a directory, FIFO or device stands where a pack file should be): "
+                "restore the file or re-run `ptt pack`",
+                path=path,
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def regular_size(path: str) -> int:
+    """Size in bytes of the regular file ``path`` (``ShardError`` when missing or not a regular file)."""
+    with open_regular(path) as fh:
+        return os.fstat(fh.fileno()).st_size
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _safe_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
+
+
+def check_manifest(m: Any, path: str) -> dict[str, Any]:
+    """``m`` if it has the shape ``ptt pack`` writes, with counts that add up; else a ``ShardError``."""
+
+    def bad(what: str) -> ShardError:
+        return ShardError(
+            f"{what}: the manifest is corrupt or was not written by ptt pack (re-pack)", path=path
+        )
+
+    if not isinstance(m, dict) or m.get("format") not in ("ptt", "tar", "lmdb") or "shards" not in m:
+        raise bad("manifest lacks format/shards")
+    if not _is_count(m.get("count")):
+        raise bad(f"count {m.get('count')!r} is not a non-negative integer")
+    classes = m.get("classes", [])
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise bad("classes is not a list of names")
+    m.setdefault("classes", classes)
+    cc = m.get("class_counts", [])
+    if not isinstance(cc, list) or not all(_is_count(c) for c in cc):
+        raise bad("class_counts is not a list of non-negative integers")
+    m.setdefault("class_counts", cc)
+    shards = m["shards"]
+    if not isinstance(shards, list):
+        raise bad("shards is not a list")
+    for k, s in enumerate(shards):
+        if not isinstance(s, dict) or not _safe_name(s.get("name")):
+            raise bad(f"shard entry {k} has no plain file name")
+        if not _is_count(s.get("count")) or not _is_count(s.get("bytes", 0)):
+            raise bad(f"shard entry {k} ({s.get('name')!r}) has a bad count or byte size")
+        sha = s.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
+            raise bad(f"shard entry {k} ({s['name']!r}) has a bad sha256")
+    if m["format"] == "lmdb" and (len(shards) != 1 or shards[0]["name"] != LMDB_DIR):
+        raise bad(f"an LMDB pack lists exactly one shard, {LMDB_DIR!r}")
+    total = sum(s["count"] for s in shards)
+    if total != m["count"]:
+        raise bad(f"the shards hold {total} samples in all, the manifest count says {m['count']}")
+    if len(set(s["name"] for s in shards)) != len(shards):
+        raise bad("a shard is listed twice")
+    for key in ("rejects", "options"):
+        if key in m and not isinstance(m[key], list if key == "rejects" else dict):
+            raise bad(f"{key} has the wrong type")
+    return m
+
+
 def read_manifest_if_complete(dst: str) -> dict[str, Any] | None:
     path = os.path.join(dst, MANIFEST)
     if not os.path.exists(path):
@@ -55,47 +151,28 @@ def read_manifest_if_complete(dst: str) -> dict[str, Any] | None:
 
 
 def load_manifest(dst: str) -> dict[str, Any]:
-    """The manifest of a complete pack.
+    """The manifest of a complete pack, checked for shape and for counts that add up.
 
     Raises:
-        ShardError: no manifest (not a pack, or packing did not finish) or malformed JSON.
+        ShardError: no manifest (not a pack, or packing did not finish), malformed JSON or fields.
     """
     path = os.path.join(os.fspath(dst), MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            m = json.load(fh)
-    except FileNotFoundError as exc:
+    if not os.path.lexists(path):
         raise ShardError(
             "no manifest.json: not a pack, or packing did not finish (re-run `ptt pack` to complete it)",
             path=path,
-        ) from exc
-    except (OSError, ValueError) as exc:
-        raise ShardError(f"unreadable manifest: {exc}", path=path) from exc
-    if not isinstance(m, dict) or m.get("format") not in ("ptt", "tar", "lmdb") or "shards" not in m:
-        raise ShardError("manifest lacks format/shards: not written by ptt pack", path=path)
-    return m
+        )
+    with open_regular(path) as fh:
+        try:
+            m = json.loads(fh.read())
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
+            raise ShardError(f"unreadable manifest: {exc}", path=path) from exc
+    return check_manifest(m, path)
 
 
-def write_index(dst: str, fmt: str, manifest: dict[str, Any]) -> None:
-    """Build ``index.npy`` from the shard tables (ptt) or the LMDB records (lmdb); written atomically."""
-    if fmt == "ptt":
-        from pytorchtricks.shards.ptt_format import read_ptt_table
-
-        parts = []
-        for sid, s in enumerate(manifest["shards"]):
-            _, offsets, crcs, labels = read_ptt_table(os.path.join(dst, s["name"]))
-            part = np.zeros(len(labels), dtype=INDEX_DTYPE)
-            part["shard"] = sid
-            part["offset"] = offsets[:-1]
-            part["length"] = np.diff(offsets)
-            part["label"] = labels
-            part["crc"] = crcs
-            parts.append(part)
-        index = np.concatenate(parts) if parts else np.zeros(0, dtype=INDEX_DTYPE)
-    else:
-        from pytorchtricks.shards.lmdb_format import lmdb_index
-
-        index = lmdb_index(os.path.join(dst, LMDB_DIR), manifest["count"])
+def save_index(dst: str, index: np.ndarray) -> None:
+    """Write ``index.npy`` atomically (the rows come from the format: ``ptt_format.ptt_index``,
+    ``lmdb_format.lmdb_index``)."""
     path = os.path.join(dst, INDEX)
     tmp = f"{path}.tmp{os.getpid()}.npy"
     np.save(tmp, index, allow_pickle=False)
@@ -103,17 +180,51 @@ def write_index(dst: str, fmt: str, manifest: dict[str, Any]) -> None:
 
 
 def load_index(dst: str, count: int) -> np.ndarray:
-    """The memmapped index; checked against the manifest's count."""
+    """The memmapped index; checked against the manifest's count. Never unpickles (``allow_pickle=False``)."""
     path = os.path.join(dst, INDEX)
+    if not os.path.lexists(path):
+        raise ShardError("index.npy is missing (re-run `ptt pack`)", path=path)
+    with open_regular(path) as fh:  # refuses a FIFO, a directory or a device before numpy opens it
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise ShardError("index.npy is empty (re-run `ptt pack`)", path=path)
     try:
         index = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise ShardError("index.npy is missing (re-run `ptt pack`)", path=path) from exc
-    except (OSError, ValueError) as exc:
-        raise ShardError(f"unreadable index: {exc}", path=path) from exc
-    if index.dtype != INDEX_DTYPE or index.shape != (count,):
+    except Exception as exc:  # a corrupt .npy header raises anything from tokenize.TokenError to EOFError
         raise ShardError(
-            f"index has {index.shape} rows of {index.dtype}, manifest says {count}: index and shards do not match",
+            f"unreadable index ({type(exc).__name__}: {exc}); re-run `ptt pack`", path=path
+        ) from exc
+    if not isinstance(index, np.ndarray) or index.dtype != INDEX_DTYPE or index.shape != (count,):
+        raise ShardError(
+            f"index has {getattr(index, 'shape', '?')} rows of {getattr(index, 'dtype', '?')}, manifest says "
+            f"{count}: index and shards do not match",
             path=path,
         )
     return index
+
+
+def check_index(dst: str, manifest: dict[str, Any], index: np.ndarray) -> None:
+    """Cheap open-time cross-checks of ``index.npy`` against the manifest (shard tables: ``ptt_format.check_ptt_shard``).
+
+    ptt rows must name the listed shards in order, with the manifest's per-shard counts; the labels must give
+    the manifest's class histogram.
+
+    Raises:
+        ShardError: any mismatch, naming the file.
+    """
+    ipath = os.path.join(dst, INDEX)
+    shards = manifest["shards"]
+    counts = np.asarray([s["count"] for s in shards], dtype=np.int64)
+    expect = np.repeat(np.arange(len(shards), dtype=np.int64), counts)
+    if manifest["format"] == "ptt" and not np.array_equal(np.asarray(index["shard"], dtype=np.int64), expect):
+        raise ShardError(
+            "index rows do not match the manifest's shards: index and shards do not match", path=ipath
+        )
+    labels = np.asarray(index["label"], dtype=np.int64)
+    classes, cc = manifest["classes"], manifest["class_counts"]
+    if classes and len(cc) == len(classes):
+        ok = bool(labels.size == 0 or (labels.min() >= 0 and labels.max() < len(classes)))
+        if not ok or np.bincount(labels, minlength=len(classes)).tolist() != cc:
+            raise ShardError(
+                "index labels do not give the manifest's class counts: the index is corrupt (re-run `ptt pack`)",
+                path=ipath,
+            )

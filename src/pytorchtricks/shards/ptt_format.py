@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from pytorchtricks.shards import layout
 from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.shards.layout import INDEX_DTYPE, open_regular
 from pytorchtricks.shards.record import crc32
 
 MAGIC = b"PTTSHRD1"
@@ -62,8 +64,8 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
         ShardError: missing, truncated or malformed shard.
     """
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
             fixed = fh.read(_HDR.size)
             if len(fixed) < _HDR.size or fixed[:8] != MAGIC:
                 raise ShardError("not a .ptt shard (bad magic) or truncated", path=path)
@@ -76,7 +78,7 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
             if not isinstance(header, dict):
                 raise ShardError("header is not a JSON object", path=path)
             n = header.get("count")
-            if not isinstance(n, int) or n < 0:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise ShardError(f"header count {n!r} is not a non-negative integer", path=path)
             fh.seek(_HDR.size + hlen + _pad8(_HDR.size + hlen))
             table_bytes = 8 * (n + 1) + 12 * n
@@ -85,18 +87,15 @@ def read_ptt_table(path: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, n
                     f"table of {n} records exceeds the file ({size} bytes): truncated", path=path
                 )
             raw = fh.read(table_bytes)
-    except FileNotFoundError as exc:
-        raise ShardError("shard file is missing", path=path) from exc
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested JSON
         raise ShardError(f"unreadable shard header: {exc}", path=path) from exc
+    if len(raw) != table_bytes:
+        raise ShardError("the shard changed size while being read", path=path)
     offsets = np.frombuffer(raw, dtype="<u8", count=n + 1)
     crcs = np.frombuffer(raw, dtype="<u4", count=n, offset=8 * (n + 1))
     labels = np.frombuffer(raw, dtype="<i8", count=n, offset=8 * (n + 1) + 4 * n)
-    if n and (
-        np.any(np.diff(offsets.astype(np.int64)) < 0)
-        or int(offsets[0]) < table_bytes
-        or int(offsets[-1]) != size
-    ):
+    table_end = _HDR.size + hlen + _pad8(_HDR.size + hlen) + table_bytes
+    if (n and np.any(offsets[1:] < offsets[:-1])) or int(offsets[0]) != table_end or int(offsets[-1]) != size:
         raise ShardError(f"offset table does not match the file size {size}: truncated or corrupt", path=path)
     return header, offsets, crcs, labels
 
@@ -106,17 +105,15 @@ class MappedShard:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        try:
-            with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a FIFO, a directory or /dev/zero is refused, never mapped
+            try:
                 self.size = os.fstat(fh.fileno()).st_size
                 self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
-        except FileNotFoundError as exc:
-            raise ShardError("shard file is missing", path=path) from exc
-        except OSError as exc:
-            raise ShardError(f"cannot open shard: {exc}", path=path) from exc
+            except (OSError, ValueError) as exc:
+                raise ShardError(f"cannot map shard: {exc}", path=path) from exc
 
     def slice(self, offset: int, length: int, record: int) -> memoryview:
-        if self._mm is None or offset + length > self.size:
+        if self._mm is None or offset < 0 or length < 0 or offset + length > self.size:
             raise ShardError(
                 f"record [{offset}, {offset + length}) lies beyond the end of the file ({self.size} bytes): "
                 "the shard is truncated or does not match the index",
@@ -124,3 +121,54 @@ class MappedShard:
                 record=record,
             )
         return memoryview(self._mm)[offset : offset + length]
+
+
+def ptt_index(dst: str, manifest: dict[str, Any]) -> np.ndarray:
+    """The rows of ``index.npy`` for a ptt pack, from its shards' tables (``layout.save_index`` writes them)."""
+    parts = []
+    for sid, s in enumerate(manifest["shards"]):
+        _, offsets, crcs, labels = read_ptt_table(os.path.join(dst, s["name"]))
+        part = np.zeros(len(labels), dtype=INDEX_DTYPE)
+        part["shard"] = sid
+        part["offset"] = offsets[:-1]
+        part["length"] = np.diff(offsets)
+        part["label"] = labels
+        part["crc"] = crcs
+        parts.append(part)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=INDEX_DTYPE)
+
+
+def check_ptt_shard(path: str, entry: dict[str, Any], rows: np.ndarray, record: int) -> None:
+    """Check one ptt shard before its first read in a process: size as listed, its table equal to its index rows.
+
+    Done lazily (first touch of the shard), so a pack with one bad shard still opens and the other shards read;
+    ``record`` is the sample being read, named in the error.
+
+    Raises:
+        ShardError: truncated, replaced or swapped shard, or a table that differs from the index.
+    """
+    size = layout.regular_size(path)
+    if entry.get("bytes") is not None and size != entry["bytes"]:
+        raise ShardError(
+            f"shard is {size} bytes, the manifest says {entry['bytes']}: truncated, replaced or swapped "
+            "(restore it or re-run `ptt pack`)",
+            path=path,
+            record=record,
+        )
+    try:
+        _, offsets, crcs, labels = read_ptt_table(path)
+    except ShardError as exc:
+        raise ShardError(exc.reason, path=path, record=record) from exc
+    if (
+        len(crcs) != len(rows)
+        or not np.array_equal(rows["offset"], offsets[:-1])
+        or not np.array_equal(rows["length"], np.diff(offsets))
+        or not np.array_equal(rows["crc"], crcs)
+        or not np.array_equal(rows["label"], labels)
+    ):
+        raise ShardError(
+            f"shard table differs from its {len(rows)} index rows: index and shards do not match "
+            "(re-run `ptt pack`)",
+            path=path,
+            record=record,
+        )

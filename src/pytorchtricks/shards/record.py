@@ -42,12 +42,15 @@ def encode_record(
 
 
 def decode_record(
-    rec: Any, *, path: str, index: int, crc: int | None = None
+    rec: Any, *, path: str, index: int, crc: int | None = None, label: int | None = None
 ) -> tuple[Any, int, dict[str, Any]]:
     """``(payload, label, extras)``; payload is bytes for encoded images, a uint8 array for ``raw`` records.
 
+    ``crc`` and ``label`` are what the index says; the record must agree with both.
+
     Raises:
-        ShardError: CRC mismatch, truncated record or malformed metadata, naming ``path`` and ``index``.
+        ShardError: CRC mismatch, truncated record, malformed metadata or a label that differs from the index,
+            naming ``path`` and ``index``.
     """
     if crc is not None and crc32(rec) != crc:
         raise ShardError(
@@ -63,19 +66,32 @@ def decode_record(
         )
     try:
         meta = json.loads(bytes(rec[4 : 4 + mlen]))
-        label = int(meta["label"])
-        kind = str(meta["kind"])
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not an object")
+        stored = meta["label"]
+        kind = meta["kind"]
+        if not isinstance(stored, int) or isinstance(stored, bool) or not isinstance(kind, str):
+            raise ValueError(f"label {stored!r} / kind {kind!r} have the wrong type")
         extras = meta.get("extras") or {}
         if not isinstance(extras, dict):
             raise ValueError("extras is not an object")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deeply nested JSON
         raise ShardError(f"malformed record metadata: {exc}", path=path, record=index) from exc
+    if label is not None and int(label) != stored:
+        raise ShardError(
+            f"label {stored} in the record differs from label {int(label)} in the index: the index is corrupt "
+            "(re-run `ptt pack`)",
+            path=path,
+            record=index,
+        )
     body = rec[4 + mlen :]
     if kind == "raw":
         try:
             shape = tuple(int(s) for s in meta["shape"])
+            if any(s < 0 for s in shape) or int(np.prod(shape, dtype=object)) != len(body):
+                raise ValueError(f"shape {shape} does not hold {len(body)} bytes")
             arr = np.frombuffer(body, dtype=np.uint8).reshape(shape)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise ShardError(f"raw record does not match its shape: {exc}", path=path, record=index) from exc
-        return arr, label, extras
-    return bytes(body), label, extras
+        return arr, stored, extras
+    return bytes(body), stored, extras

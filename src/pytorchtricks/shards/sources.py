@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,13 +23,17 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 @dataclass(frozen=True)
 class Source:
-    """The listed input: ``paths[i]`` (absolute), ``rel[i]`` (as recorded), ``labels[i]``, ``extras[i]``."""
+    """The listed input: ``paths[i]`` (absolute), ``rel[i]`` (as recorded), ``labels[i]``, ``extras[i]``, and the
+    files and folders of the tree that are not packed, each ``{"path", "reason"}`` (they join the rejects)."""
 
     paths: list[str]
     rel: list[str]
     labels: list[int]
     extras: list[dict[str, Any]]
     classes: list[str]
+    skipped: list[dict[str, str]] = field(
+        default_factory=list
+    )  # not packed, with why (hidden, outside a class)
 
 
 def list_source(src: str | os.PathLike[str]) -> Source:
@@ -61,20 +65,65 @@ def list_source(src: str | os.PathLike[str]) -> Source:
 
 
 def _list_folder(root: str) -> Source:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    """Every file under ``root/<class>/``, in sorted order; what is not packed goes to ``skipped`` with why."""
+    skipped: list[dict[str, str]] = []
+    try:
+        top = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        raise PttError(
+            f"cannot list {root!r}: {exc.strerror or exc}; fix its permissions and re-run."
+        ) from exc
+    from pytorchtricks.shards.photoset import MARKER  # the photo-set builder's own summary: not a user file
+
+    classes = []
+    for e in top:
+        if e.name == MARKER and e.is_file():
+            continue
+        if e.name.startswith("."):
+            skipped.append(_skip(e.name + ("/" if e.is_dir() else ""), _HIDDEN))
+        elif e.is_dir():
+            classes.append(e.name)
+        else:
+            skipped.append(_skip(e.name, "not in a class folder (ImageFolder layout: SRC/<class>/<image>)"))
     paths, rel, labels = [], [], []
+
+    def unreadable(exc: OSError) -> None:  # os.walk's onerror: a folder it cannot list
+        name = os.path.relpath(exc.filename, root) + "/" if exc.filename else "?"
+        skipped.append(
+            _skip(name, f"unreadable folder ({exc.strerror or exc}): fix its permissions and re-run")
+        )
+
     for label, cls in enumerate(classes):
-        for dirpath, dirs, files in os.walk(os.path.join(root, cls)):
-            dirs.sort()
+        for dirpath, dirs, files in os.walk(os.path.join(root, cls), onerror=unreadable):
+            walk = []
+            for d in sorted(dirs):
+                where = os.path.relpath(os.path.join(dirpath, d), root)
+                if d.startswith("."):
+                    skipped.append(_skip(where + "/", _HIDDEN))
+                elif os.path.islink(os.path.join(dirpath, d)):
+                    skipped.append(_skip(where, "symlink to a folder: not followed (it could loop)"))
+                else:
+                    walk.append(d)
+            dirs[:] = walk
             for f in sorted(files):
-                if not f.startswith("."):  # non-images are listed too, and end up in the rejects
-                    p = os.path.join(dirpath, f)
+                p = os.path.join(dirpath, f)
+                if f.startswith("."):
+                    skipped.append(_skip(os.path.relpath(p, root), _HIDDEN))
+                else:  # non-images and special files are listed too, and end up in the rejects
                     paths.append(p)
                     rel.append(os.path.relpath(p, root))
                     labels.append(label)
     if not paths:
         raise PttError(f"no files under {root!r}; expected {root}/<class>/<image>.jpg (ImageFolder layout).")
-    return Source(paths, rel, labels, [{} for _ in paths], classes)
+    skipped.sort(key=lambda r: r["path"])
+    return Source(paths, rel, labels, [{} for _ in paths], classes, skipped)
+
+
+_HIDDEN = "hidden (name starts with '.'): not packed"
+
+
+def _skip(path: str, reason: str) -> dict[str, str]:
+    return {"path": path, "reason": reason}
 
 
 def _list_rows(src: str, rows: list[dict[str, Any]]) -> Source:
@@ -101,6 +150,17 @@ def _list_rows(src: str, rows: list[dict[str, Any]]) -> Source:
 # --------------------------------------------------------------------------------------------- per-file work
 
 
+MAX_PIXELS = (
+    178_956_970  # Pillow's decompression-bomb error limit (2 * Image.MAX_IMAGE_PIXELS): ~537 MB as RGB
+)
+MAX_FILE_BYTES = 1 << 30  # a larger "image" is read into memory whole: refuse it instead
+_PASS_MODES = ("RGB", "L", "P", "RGBA", "LA", "PA", "1")  # every reader's decode -> RGB agrees with Pillow's
+
+
+class _Reject(Exception):
+    """A file that is not packed; the message is the reason listed in ``rejects``."""
+
+
 def sniff_kind(data: bytes) -> str | None:
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
@@ -110,7 +170,116 @@ def sniff_kind(data: bytes) -> str | None:
         return "webp"
     if data[:2] == b"BM":
         return "bmp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
     return None
+
+
+def _read_regular(path: str) -> bytes:
+    """The file's bytes, refusing FIFOs, devices and sockets (also behind symlinks) without blocking on them."""
+    import stat
+
+    try:
+        st = os.stat(path)  # follows symlinks: a link to /dev/zero is a character device here
+        if not stat.S_ISREG(st.st_mode):
+            raise _Reject(f"not a regular file ({_file_type(st.st_mode)}): not opened")
+        # O_NONBLOCK: if the path was swapped for a FIFO after the stat, open() still returns at once
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _Reject(f"unreadable: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _Reject(f"not a regular file ({_file_type(st.st_mode)}): not opened")
+        if st.st_size > MAX_FILE_BYTES:
+            raise _Reject(f"file too large ({st.st_size} bytes, over {MAX_FILE_BYTES}): not an image to pack")
+        try:
+            return fh.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise _Reject(f"unreadable: {exc.strerror or exc}") from exc
+
+
+def _file_type(mode: int) -> str:
+    import stat
+
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "folder"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _check_pixels(data: bytes, kind: str, budget: int) -> None:
+    """Refuse an image whose header declares more than ``budget`` pixels, before anything is decoded."""
+    import warnings
+
+    from PIL import Image
+
+    from pytorchtricks.shards.jpeg import image_size
+
+    try:
+        if kind in ("jpeg", "png"):
+            h, w = image_size(data)  # our own header parser: no Pillow limits involved
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                w, h = Image.open(io.BytesIO(data)).size  # reads the header only
+    except Image.DecompressionBombError as exc:
+        raise _Reject(f"decompression bomb: {exc}") from exc
+    except Exception as exc:
+        raise _Reject(f"not decodable: {exc}") from exc
+    if w * h > budget:
+        raise _Reject(
+            f"decompression bomb: the header declares {w}x{h} = {w * h / 1e6:.0f} MP, over the budget of "
+            f"{budget / 1e6:.0f} MP ({budget} pixels; raise it with pack(max_pixels=...) if the image is real)"
+        )
+
+
+def _mode(data: bytes) -> str:
+    import warnings
+
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the budget was checked already
+        with Image.open(io.BytesIO(data)) as img:
+            return str(img.mode)
+
+
+def _to_rgb8(data: bytes) -> np.ndarray:
+    """Decode the first frame to HxWx3 uint8 RGB: 16-bit grey scaled to 8 bits, palette/alpha/CMYK via Pillow."""
+    import warnings
+
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the budget was checked already
+        img: Any = Image.open(io.BytesIO(data))
+        img.load()  # first frame of a GIF / multi-page TIFF
+    mode = img.mode
+    if mode.startswith("I;16") or (
+        mode == "I" and img.format == "PNG"
+    ):  # 16-bit grey (PNG "I" holds 0..65535)
+        a = np.asarray(img).astype(np.int64)
+        if a.min() < 0 or a.max() > 65535:
+            raise _Reject(f"{mode} pixels outside 0..65535: convert the image to 8-bit first")
+        g = ((a * 255 + 32767) // 65535).astype(np.uint8)  # 0 -> 0, 65535 -> 255, rounded
+        return np.ascontiguousarray(np.repeat(g[..., None], 3, axis=2))
+    if mode in ("I", "F") or mode.startswith(("I;", "F;")):
+        raise _Reject(
+            f"{img.format} with {mode} pixels (32-bit): no agreed 8-bit scale; convert it to 8-bit first"
+        )
+    try:
+        return np.ascontiguousarray(np.asarray(img.convert("RGB")))
+    except ValueError as exc:
+        raise _Reject(f"{img.format} with {mode} pixels: cannot convert to RGB ({exc})") from exc
 
 
 def _target_hw(h: int, w: int, resize: int | None, max_side: int | None) -> tuple[int, int] | None:
@@ -133,37 +302,53 @@ def _strict_backend() -> str:
 
 
 def process_item(job: tuple[int, str, dict[str, Any]]) -> tuple[int, str, Any, Any, int]:
-    """``(i, kind, payload, shape_or_reason, bytes_in)``; kind ``"reject"`` carries the reason in slot 4."""
-    from pytorchtricks.shards.jpeg import _resize, decode_image, image_size
+    """``(i, kind, payload, shape_or_reason, bytes_in)``; kind ``"reject"`` carries the reason in slot 4.
 
+    Special files are refused before they are opened, and an image whose header declares more than
+    ``opts["max_pixels"]`` (default ``MAX_PIXELS``) before it is decoded. JPEG/PNG/WebP/BMP in RGB, grey,
+    palette or alpha modes are stored as they are; other modes (16-bit grey, CMYK, ...) and GIF/TIFF (first
+    frame) are converted to 8-bit RGB and stored as PNG (lossless), or re-encoded/raw as asked.
+    """
     i, path, opts = job
+    nbytes = 0
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        return i, "reject", None, f"unreadable: {exc.strerror or exc}", 0
-    kind = sniff_kind(data)
-    if kind is None:
-        return i, "reject", None, "not an image (unknown signature)", len(data)
-    try:
-        backend = _strict_backend() if kind == "jpeg" else "pil"
-        h, w = image_size(data)
-        target = _target_hw(h, w, opts.get("resize"), opts.get("max_side"))
-        arr = decode_image(data, backend=backend)  # full decode: also the integrity check
-        if target is not None:
-            arr = _resize(arr, target, area=True)
-        if opts.get("raw"):
-            if opts.get("format") == "tar":
-                buf = io.BytesIO()
-                np.save(buf, arr, allow_pickle=False)
-                return i, "raw", buf.getvalue(), list(arr.shape), len(data)
-            return i, "raw", arr.tobytes(), list(arr.shape), len(data)
-        if target is not None or opts.get("quality") is not None:
-            from PIL import Image
-
-            out = io.BytesIO()
-            Image.fromarray(arr).save(out, "JPEG", quality=int(opts.get("quality") or 90))
-            return i, "jpeg", out.getvalue(), None, len(data)
-        return i, kind, data, None, len(data)
+        data = _read_regular(path)
+        nbytes = len(data)
+        kind = sniff_kind(data)
+        if kind is None:
+            raise _Reject("not an image (unknown signature)")
+        _check_pixels(data, kind, int(opts.get("max_pixels") or MAX_PIXELS))
+        return (i, *_encode(data, kind, opts), nbytes)
+    except _Reject as exc:
+        return i, "reject", None, str(exc), nbytes
     except Exception as exc:  # any decoder failure is a reject with its reason, never a crash mid-pack
-        return i, "reject", None, f"not decodable: {exc}", len(data)
+        return i, "reject", None, f"not decodable: {exc}", nbytes
+
+
+def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any]:
+    from PIL import Image
+
+    from pytorchtricks.shards.jpeg import _resize, decode_image
+
+    keep = kind in ("jpeg", "png", "webp", "bmp") and _mode(data) in _PASS_MODES
+    # full decode: also the integrity check (the strict JPEG backend fails on truncated files)
+    arr = decode_image(data, backend=_strict_backend()) if keep and kind == "jpeg" else _to_rgb8(data)
+    h, w = arr.shape[:2]
+    target = _target_hw(h, w, opts.get("resize"), opts.get("max_side"))
+    if target is not None:
+        arr = _resize(arr, target, area=True)
+    if opts.get("raw"):
+        if opts.get("format") == "tar":
+            buf = io.BytesIO()
+            np.save(buf, arr, allow_pickle=False)
+            return "raw", buf.getvalue(), list(arr.shape)
+        return "raw", arr.tobytes(), list(arr.shape)
+    if target is not None or opts.get("quality") is not None:
+        out = io.BytesIO()
+        Image.fromarray(arr).save(out, "JPEG", quality=int(opts.get("quality") or 90))
+        return "jpeg", out.getvalue(), None
+    if keep:
+        return kind, data, None
+    out = io.BytesIO()
+    Image.fromarray(arr).save(out, "PNG")  # lossless: the converted pixels exactly
+    return "png", out.getvalue(), None

@@ -21,11 +21,13 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards import layout
+from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.dataset import Decode, check_on_error, make_decoder
 from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
-from pytorchtricks.shards.tar_format import iter_tar_groups, tar_sample
+from pytorchtricks.shards.tar_format import CRC_EXT, iter_tar_groups, tar_sample
+
+_WARNED_UNVERIFIED: set[tuple[str, ...]] = set()  # foreign shard sets already warned about, once per process
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -37,13 +39,18 @@ def expand_braces(pattern: str) -> list[str]:
     """
     if "{" not in pattern:
         return sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
-    pre, rest = pattern.split("{", 1)
-    body, post = rest.split("}", 1)
-    if ".." not in body:
-        return [pre + p + post for p in body.split(",")]
-    lo, hi = body.split("..")
-    width = len(lo)
-    return [f"{pre}{i:0{width}d}{post}" for i in range(int(lo), int(hi) + 1)]
+    try:
+        pre, rest = pattern.split("{", 1)
+        body, post = rest.split("}", 1)
+        if ".." not in body:
+            return [pre + p + post for p in body.split(",")]
+        lo, hi = body.split("..")
+        width = len(lo)
+        return [f"{pre}{i:0{width}d}{post}" for i in range(int(lo), int(hi) + 1)]
+    except ValueError as exc:
+        raise PttError(
+            f"{pattern!r} is not a brace pattern like 'shard-{{000000..000009}}.tar': {exc}"
+        ) from exc
 
 
 def buffer_shuffle_order(m: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
@@ -116,15 +123,24 @@ class ShardStream(torch.utils.data.IterableDataset):
         self._resume: tuple[int, int] | None = None
         self._consumed = 0
         self.classes: list[str] = []
+        #: foreign tars whose samples carry no ``.crc32`` checksum: read, but a flipped byte goes unnoticed
+        self.unverified: list[str] = []
+        self._entries: list[dict[str, Any]] = []
         if isinstance(path, list | tuple) or (isinstance(path, str) and not os.path.isdir(path)):
             files = list(path) if isinstance(path, list | tuple) else expand_braces(path)
             if not files:
                 raise PttError(f"no tar shards match {path!r}.")
             self.root, self.format = "", "tar"
             self._files = [os.fspath(f) for f in files]
-            self._counts = np.asarray(
-                [sum(1 for _ in iter_tar_groups(f)) for f in self._files], dtype=np.int64
-            )
+            self._counts = np.asarray([self._count_foreign(f) for f in self._files], dtype=np.int64)
+            if self.unverified and tuple(self._files) not in _WARNED_UNVERIFIED:
+                _WARNED_UNVERIFIED.add(tuple(self._files))
+                warnings.warn(
+                    f"{len(self.unverified)} of {len(self._files)} tar shard(s) carry no per-sample checksums "
+                    f"(first: {self.unverified[0]}): their samples are read unverified. Re-pack with `ptt pack` "
+                    "to get checked reads.",
+                    stacklevel=2,
+                )
         else:
             self.root = os.fspath(path)
             m = layout.load_manifest(self.root)
@@ -132,11 +148,24 @@ class ShardStream(torch.utils.data.IterableDataset):
             if self.format == "lmdb":
                 raise PttError(f"{self.root} is an LMDB pack: read it with ptt.ShardDataset(path).")
             self.classes = list(m["classes"])
+            self._entries = [dict(s) for s in m["shards"]]
             self._files = [os.path.join(self.root, s["name"]) for s in m["shards"]]
             self._counts = np.asarray([s["count"] for s in m["shards"]], dtype=np.int64)
+            if self.format == "ptt":  # counts, shard order and class histogram, before any sample is read
+                layout.check_index(self.root, m, layout.load_index(self.root, int(self._counts.sum())))
         self._first = np.concatenate([[0], np.cumsum(self._counts)])[:-1]
         self._index: np.ndarray | None = None
         self._pid: int | None = None
+
+    def _count_foreign(self, path: str) -> int:
+        n = 0
+        checked = True
+        for _, group in iter_tar_groups(path):
+            n += 1
+            checked = checked and CRC_EXT in group
+        if not checked:
+            self.unverified.append(path)
+        return n
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the index and maps lazily
         state = dict(self.__dict__)
@@ -255,13 +284,24 @@ class ShardStream(torch.utils.data.IterableDataset):
             self._pid = os.getpid()
             self._index = layout.load_index(self.root, int(self._counts.sum()))
             self._maps: dict[int, MappedShard] = {}
+        index = self._index
         for q in wanted:
             s, g = int(sid[q]), int(self._first[sid[q]] + local[q])
-            row = self._index[g]
+            row = index[g]
             try:
-                mm = self._maps.get(s) or self._maps.setdefault(s, MappedShard(self._files[s]))
+                mm = self._maps.get(s)
+                if (
+                    mm is None
+                ):  # first read of this shard in this process: check it against manifest and index
+                    lo = int(self._first[s])
+                    ptt_format.check_ptt_shard(
+                        self._files[s], self._entries[s], index[lo : lo + self._counts[s]], g
+                    )
+                    mm = self._maps[s] = MappedShard(self._files[s])
                 rec = mm.slice(int(row["offset"]), int(row["length"]), g)
-                payload, label, extras = decode_record(rec, path=self._files[s], index=g, crc=int(row["crc"]))
+                payload, label, extras = decode_record(
+                    rec, path=self._files[s], index=g, crc=int(row["crc"]), label=int(row["label"])
+                )
                 if isinstance(payload, np.ndarray):
                     payload = payload.copy()
             except ShardError as exc:
@@ -294,6 +334,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         """(rank position, (payload, label, extras, file, record) or ShardError) for needed positions, in order."""
         q = 0
         m = len(sid)
+        ours = bool(self._entries)  # a pack we wrote: sizes as listed, every sample carries its checksum
         while q < m:
             s = int(sid[q])
             path = self._files[s]
@@ -301,16 +342,37 @@ class ShardStream(torch.utils.data.IterableDataset):
             while stop < m and int(sid[stop]) == s:
                 stop += 1
             lo = int(local[start])  # the slice may begin inside this shard
+            to_end = ours and lo + (stop - start) == int(self._counts[s])  # the slice reaches the shard's end
+            err: ShardError | None = None
             try:
-                for j, (key, group) in enumerate(iter_tar_groups(path)):
+                if ours:
+                    self._check_tar_size(s)
+                groups = enumerate(iter_tar_groups(path))
+                for j, (key, group) in groups:
                     if j < lo:
                         continue
                     p = start + j - lo
                     if p >= stop:
                         break
+                    if p + 1 == stop and to_end and next(groups, None) is not None:
+                        raise ShardError(  # caught below: this and no later sample of the shard is yielded
+                            f"shard holds more than the {int(self._counts[s])} samples the manifest says: "
+                            "manifest and shards do not match (re-run `ptt pack`)",
+                            path=path,
+                            record=j + 1,
+                        )
+                    if ours and key != f"{int(self._first[s]) + j:09d}":  # keys count samples over the pack
+                        raise ShardError(  # caught below: the rest of the shard is refused
+                            f"sample key {key!r} where the manifest puts sample {int(self._first[s]) + j}: shards "
+                            "swapped, replaced or reordered (restore them or re-run `ptt pack`)",
+                            path=path,
+                            record=j,
+                        )
                     if p in need:
                         try:
-                            payload, label, extras = tar_sample(key, group, path=path, index=j)
+                            payload, label, extras = tar_sample(
+                                key, group, path=path, index=j, require_crc=ours
+                            )
                             yield p, (payload, label, extras, path, j)
                         except ShardError as exc:
                             yield p, exc
@@ -324,3 +386,13 @@ class ShardStream(torch.utils.data.IterableDataset):
                 if p in need:
                     yield p, err
             q = stop
+
+    def _check_tar_size(self, s: int) -> None:
+        size = layout.regular_size(self._files[s])
+        want = self._entries[s].get("bytes")
+        if want is not None and size != want:
+            raise ShardError(
+                f"shard is {size} bytes, the manifest says {want}: truncated, replaced or swapped "
+                "(restore it or re-run `ptt pack`)",
+                path=self._files[s],
+            )

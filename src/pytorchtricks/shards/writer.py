@@ -11,20 +11,22 @@ pack. The manifest (``manifest.json``) is written last; its presence means the p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
 from pytorchtricks.core import NoEffectWarning, PttError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.lmdb_format import LmdbWriter
-from pytorchtricks.shards.ptt_format import write_ptt_shard
+from pytorchtricks.shards.lmdb_format import LmdbWriter, lmdb_index
+from pytorchtricks.shards.ptt_format import ptt_index, write_ptt_shard
 from pytorchtricks.shards.record import encode_record
-from pytorchtricks.shards.sources import Source, list_source, process_item
+from pytorchtricks.shards.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards.tar_format import tar_sample_members, write_tar_shard
 
 FORMATS = ("ptt", "tar", "lmdb")
@@ -88,32 +90,94 @@ class _Journal:
         self.path = os.path.join(dst, layout.JOURNAL)
         self.digest = digest
         self.shards: list[dict[str, Any]] = []
+        self.complete = False  # every shard is listed (saved so just before the LMDB is sealed)
 
     def load(self, fmt: str, dst: str) -> None:
-        if not os.path.exists(self.path):
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except FileNotFoundError:
             return
-        with open(self.path, encoding="utf-8") as fh:
-            state = json.load(fh)
-        if state.get("digest") != self.digest:
+        except (OSError, ValueError):  # a damaged journal: start over (it is replaced atomically, so rare)
+            return
+        if not isinstance(state, dict) or state.get("digest") != self.digest:
             return  # different input or options: start over
+        self.complete = bool(state.get("complete"))
         for s in state.get("shards", []):
             p = os.path.join(dst, s["name"] or "")
             if fmt != "lmdb" and s["name"] and (not os.path.exists(p) or _sha256(p) != s["sha256"]):
                 break  # keep only the verified prefix
             self.shards.append(s)
 
-    def save(self) -> None:
-        _write_json_atomic(self.path, {"digest": self.digest, "shards": self.shards})
+    def save(self, complete: bool = False) -> None:
+        state = {"digest": self.digest, "shards": self.shards, **({"complete": True} if complete else {})}
+        _write_json_atomic(self.path, state)
 
 
-def _results(jobs: list[tuple[int, str, dict[str, Any]]], workers: int) -> Iterator[tuple[Any, ...]]:
+_BATCH = 8  # files per task sent to a worker: amortises the pickling round trip
+
+
+def _process_batch(jobs: list[tuple[int, str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
+    return [process_item(job) for job in jobs]
+
+
+def _watch_parent(parent: int) -> None:
+    """Worker initializer: exit when the packing process is gone (killed -9), instead of idling forever."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ptt-pack-parent-watch", daemon=True).start()
+
+
+def _results(
+    jobs: list[tuple[int, str, dict[str, Any]]], workers: int, written: list[dict[str, Any]]
+) -> Generator[tuple[Any, ...], None, None]:
+    """``process_item`` of every job, in order; with ``workers`` > 1 in a pool of spawned processes.
+
+    concurrent.futures rather than multiprocessing.Pool: Pool replaces a worker killed by a signal (the OOM
+    killer, kill -9) and waits forever for the lost task; ProcessPoolExecutor fails every pending task at once
+    (BrokenProcessPool), which becomes a PttError here. At most 4 batches per worker are in flight, so memory
+    stays bounded whatever the number of files.
+    """
     if workers <= 1 or len(jobs) < 2:
         yield from map(process_item, jobs)
         return
     import multiprocessing as mp
+    from collections import deque
+    from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with mp.get_context("spawn").Pool(workers) as pool:
-        yield from pool.imap(process_item, jobs, chunksize=8)
+    batches = iter([jobs[k : k + _BATCH] for k in range(0, len(jobs), _BATCH)])
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
+    )
+    ok = False
+    try:
+        window: deque[Future[list[tuple[Any, ...]]]] = deque()
+        for batch in itertools.islice(batches, 4 * workers):
+            window.append(pool.submit(_process_batch, batch))
+        while window:
+            try:
+                out = window.popleft().result()
+            except BrokenProcessPool as exc:
+                kept = sum(1 for s in written if s.get("name"))
+                raise PttError(
+                    "a pack worker process died (killed by a signal - the OOM killer, kill -9 - or crashed in an "
+                    f"image decoder); the {kept} shard(s) written so far are kept: re-run the same command to "
+                    "resume (with fewer --workers if memory ran out)."
+                ) from exc
+            nxt = next(batches, None)
+            if nxt is not None:
+                window.append(pool.submit(_process_batch, nxt))
+            yield from out
+        ok = True
+    finally:  # on an error or an interrupt, do not wait for the batches still queued
+        pool.shutdown(wait=ok, cancel_futures=not ok)
 
 
 def pack(
@@ -132,6 +196,7 @@ def pack(
     strict: bool = False,
     verify: bool = False,
     progress: bool = False,
+    max_pixels: int = MAX_PIXELS,
 ) -> dict[str, Any]:
     """Pack ``src`` (ImageFolder tree or .csv/.jsonl list) into ``dst``; returns the summary (also the manifest).
 
@@ -143,6 +208,14 @@ def pack(
         shuffle, seed: store samples in a fixed-seed permuted order (better mixing for streaming readers).
         strict: fail on the first bad file instead of listing it in ``rejects``. verify: re-read every shard.
         progress: show a rich progress bar.
+        max_pixels: refuse (list in ``rejects``) an image whose header declares more pixels, before decoding it;
+            default ``MAX_PIXELS`` (178.9 MP, Pillow's decompression-bomb limit; about 537 MB decoded as RGB).
+
+    Not packed, and listed in ``rejects`` with the reason: hidden files and folders, files outside a class folder,
+    folders that cannot be listed, symlinks to folders, FIFOs/devices/sockets (never opened), files over 1 GiB,
+    files that are not images or do not decode, images over ``max_pixels``. GIF/TIFF (first frame) and modes other than 8-bit
+    RGB/grey/palette/alpha (16-bit grey scaled to 8 bits, CMYK) are stored converted to 8-bit RGB PNG.
+    ``strict`` fails on the files it reads; what the listing skips (hidden, outside a class folder) stays listed.
 
     Worker processes are started with ``spawn``: a script that calls ``pack`` with workers > 1 needs the usual
     ``if __name__ == "__main__":`` guard.
@@ -163,22 +236,31 @@ def pack(
             raise PttError(f"{name} must be a positive number of pixels, got {v}.")
     if quality is not None and not 1 <= quality <= 100:
         raise PttError(f"quality must be in 1..100, got {quality}.")
+    if int(max_pixels) < 1:
+        raise PttError(f"max_pixels must be a positive number of pixels, got {max_pixels}.")
     limit = parse_bytes(shard_size)
     if limit < 1:
         raise PttError("shard_size must be positive, e.g. 64MB.")
     source = list_source(src)
     dst = os.fspath(dst)
-    opts = {"format": format, "resize": resize, "max_side": max_side, "quality": quality, "raw": bool(raw)}
+    opts = {
+        "format": format,
+        "resize": resize,
+        "max_side": max_side,
+        "quality": quality,
+        "raw": bool(raw),
+        "max_pixels": int(max_pixels),
+    }
     options = {**opts, "shard_size": limit, "shuffle": bool(shuffle), "seed": int(seed)}
+    # defaults stay out of the digest: packs made before these existed keep theirs
+    if options["max_pixels"] == MAX_PIXELS:
+        del options["max_pixels"]
+    listed = {"rel": source.rel, "labels": source.labels, "extras": source.extras, "classes": source.classes}
+    if source.skipped:
+        listed["skipped"] = source.skipped
     digest = hashlib.sha256(
         json.dumps(
-            {
-                "options": options,
-                "rel": source.rel,
-                "labels": source.labels,
-                "extras": source.extras,
-                "classes": source.classes,
-            },
+            {"options": options, **listed},
             sort_keys=True,
             default=str,
         ).encode()
@@ -190,6 +272,7 @@ def pack(
             NoEffectWarning,
             stacklevel=2,
         )
+        _clean(dst, format, done)  # a kill between the manifest and the cleanup left these
         return done
     if done is not None:
         raise PttError(f"{dst!r} already holds a different pack; choose another DST or delete it.")
@@ -199,22 +282,29 @@ def pack(
             os.remove(os.path.join(dst, name))
     journal = _Journal(dst, digest)
     journal.load(format, dst)
-    lmdb_writer = LmdbWriter(dst, digest) if format == "lmdb" else None
-    if lmdb_writer is not None:
-        journal.shards = lmdb_writer.committed_chunks()
-    run = _Run(source, dst, format, limit, journal, lmdb_writer, strict)
-    order = _order(len(source.paths), shuffle, seed)
-    start = journal.shards[-1]["src_end"] if journal.shards else 0
-    jobs = [(int(order[k]), source.paths[int(order[k])], opts) for k in range(start, len(order))]
-    with _progress(progress, len(order), start) as bar:
-        for k, res in zip(
-            range(start, len(order)), _results(jobs, workers if workers is not None else os.cpu_count() or 1)
-        ):
-            run.add(k, res)
-            bar(res[4])
-        run.close(len(order))
-        elapsed_s = bar.elapsed_s()
-    return _finish(run, dst, format, source, options, digest, elapsed_s, start, verify)
+    lmdb_writer, results = None, None
+    if format == "lmdb":
+        lmdb_writer = LmdbWriter(dst, digest, journal.shards if journal.complete else None)
+        journal.shards = lmdb_writer.committed_chunks()  # the LMDB's own progress record is the truth
+    try:
+        run = _Run(source, dst, format, limit, journal, lmdb_writer, strict)
+        order = _order(len(source.paths), shuffle, seed)
+        start = journal.shards[-1]["src_end"] if journal.shards else 0
+        jobs = [(int(order[k]), source.paths[int(order[k])], opts) for k in range(start, len(order))]
+        n_workers = workers if workers is not None else os.cpu_count() or 1
+        results = _results(jobs, n_workers, journal.shards)
+        with _progress(progress, len(order), start) as bar:
+            for k, res in zip(range(start, len(order)), results, strict=True):
+                run.add(k, res)
+                bar(res[4])
+            run.close(len(order))
+            elapsed_s = bar.elapsed_s()
+        return _finish(run, dst, format, source, options, digest, elapsed_s, start, verify)
+    finally:
+        if results is not None:
+            results.close()  # on an error (--strict, a dead worker, Ctrl-C): stop the pool now, not at GC
+        if lmdb_writer is not None:
+            lmdb_writer.close()
 
 
 class _Run:
@@ -242,8 +332,8 @@ class _Run:
 
     def add(self, k: int, res: tuple[Any, ...]) -> None:
         i, kind, payload, info, nbytes = res
-        self.bytes_in += nbytes
         if kind == "reject":
+            self.bytes_in += nbytes
             if self.strict:
                 raise PttError(
                     f"{self.source.rel[i]}: {info} (drop --strict to skip bad files and list them)"
@@ -260,7 +350,8 @@ class _Run:
             rec = encode_record(payload, label=label, kind=kind, extras=extras, shape=info)
             members, size = None, len(rec)
         if self.items and self.bytes + size > self.limit:
-            self._flush(k)
+            self._flush(k)  # file k opens the next shard: its bytes_in is counted there, once
+        self.bytes_in += nbytes
         self.items.append((rec, label, members))
         self.bytes += size
         self.payload_bytes += len(payload)
@@ -346,6 +437,7 @@ def _finish(
         if s["class_counts"]:
             class_counts += np.asarray(s["class_counts"], dtype=np.int64)
     if fmt == "lmdb":
+        run.journal.save(complete=True)  # the chunk list, before the seal removes it from the LMDB
         files = [run.lmdb.finalize(count, source.classes)]
     else:
         files = [
@@ -362,7 +454,7 @@ def _finish(
         "class_counts": class_counts.tolist(),
         "options": options,
         "shards": files,
-        "rejects": [r for s in shards for r in s["rejects"]],
+        "rejects": [*source.skipped, *(r for s in shards for r in s["rejects"])],
         "files_in": len(source.paths),
         "bytes_in": sum(s["bytes_in"] for s in shards),
         "payload_bytes": sum(s["payload_bytes"] for s in shards),
@@ -370,17 +462,16 @@ def _finish(
     }
     if fmt == "tar" and files:
         manifest["pattern"] = layout.brace_pattern(len(files))
-    if fmt != "tar":
-        layout.write_index(dst, fmt, manifest)
+    if fmt == "ptt":
+        layout.save_index(dst, ptt_index(dst, manifest))
+    elif fmt == "lmdb":
+        layout.save_index(dst, lmdb_index(os.path.join(dst, layout.LMDB_DIR), manifest["count"]))
     if verify:
         from pytorchtricks.shards.inspect import verify_shards
 
         verify_shards(dst, manifest)
     _write_json_atomic(os.path.join(dst, layout.MANIFEST), manifest)
-    try:
-        os.remove(run.journal.path)
-    except FileNotFoundError:
-        pass
+    _clean(dst, fmt, manifest)
     done_now = len(source.paths) - start
     return {
         **manifest,
@@ -389,3 +480,24 @@ def _finish(
         "images_per_s": done_now / elapsed_s if elapsed_s > 0 else None,
         "skipped_shards": sum(1 for s in shards if s["src_end"] <= start),
     }
+
+
+def _clean(dst: str, fmt: str, manifest: dict[str, Any]) -> None:
+    """Remove what a complete pack does not list: the journal, temp files, and the shards, index or LMDB of an
+    earlier pack abandoned in ``dst`` (only names ``ptt pack`` writes; other files are left alone)."""
+    keep = {s["name"] for s in manifest.get("shards", [])}
+    for name in os.listdir(dst):
+        path = os.path.join(dst, name)
+        stale = (
+            name == layout.JOURNAL
+            or name == layout.LMDB_DIR + ".tmp"
+            or (".tmp" in name and layout.is_pack_file(name))
+            or (name.startswith("shard-") and layout.is_pack_file(name) and name not in keep)
+            or (name == layout.INDEX and fmt == "tar")
+            or (name == layout.LMDB_DIR and fmt != "lmdb")
+        )
+        if stale:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)

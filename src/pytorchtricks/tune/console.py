@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytorchtricks.tune.engine import SCOPES, Progress, TuneResult, speedup_text, where_measured
+from pytorchtricks.tune.measuring import SCOPES, Progress, TuneResult, speedup_text, where_measured
 from pytorchtricks.tune.receipt import shape_text
 
 

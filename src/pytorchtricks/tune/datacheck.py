@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.bench.measure import now_s
+from pytorchtricks.clock import now_s
 
 SUBSET = 96
 MIN_PSNR_DB = (

@@ -14,25 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from pytorchtricks.analysis.lint_rules import Finding
 from pytorchtricks.analysis.profile import bf16_native  # one definition, shared with ptt profile's tips
 from pytorchtricks.bench.alloc_events import quiet_peak_memory
-from pytorchtricks.bench.measure import SavedTensorMeter, Stopwatch
+from pytorchtricks.clock import SavedTensorMeter, Stopwatch
 from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tune.runner import Runner
 from pytorchtricks.tune.workload import Workload, pil_mode
 
 INPUT_BOUND_SHARE = 0.30  # data wait above this share of the step: the loop waits for data
-
-
-@dataclass
-class Finding:
-    """One thing the diagnosis noticed: an id, where, what, and the fix."""
-
-    id: str
-    where: str
-    message: str
-    fix: str = ""
-    source: str = "tune"  # "tune" (own check) or "ptt.lint"
 
 
 @dataclass
@@ -197,7 +187,7 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
 
 def _staged_step_s(w: Workload, steps: int) -> float | None:
     """Seconds of the same step with two batches staged in memory: what the step costs with no loader running."""
-    from pytorchtricks.bench.measure import time_call
+    from pytorchtricks.clock import time_call
     from pytorchtricks.tune.runner import stage_batches
 
     if w.data_kind == "synthetic" and w.num_workers == 0:
@@ -261,18 +251,7 @@ def _lint_findings(model: nn.Module, example: torch.Tensor, w: Workload) -> tupl
         found = lint(model, (example,), phase=w.for_, batch_size=w.batch_size)
     except Exception as exc:  # a linter failure must not stop the tuning
         return [], f"ptt.lint failed ({type(exc).__name__}: {exc}); tune ran its own checks"
-    items = getattr(found, "findings", found)
-    out = []
-    for f in list(items or []):  # type: ignore[arg-type]
-        out.append(
-            Finding(
-                id=str(getattr(f, "id", getattr(f, "rule", "lint"))),
-                where=str(getattr(f, "where", getattr(f, "location", ""))),
-                message=str(getattr(f, "message", f)),
-                fix=str(getattr(f, "fix", "")),
-                source="ptt.lint",
-            )
-        )
+    out = list(found.findings)
     return out, None
 
 
@@ -282,7 +261,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     One warm-up step sizes the rest: up to 4 timed steps for the split, and the profiled peak-memory step only
     when it fits.
     """
-    from pytorchtricks.bench.measure import time_call
+    from pytorchtricks.clock import time_call
 
     notes: list[str] = []
     runner = Runner(w, ())
@@ -322,33 +301,42 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         except Exception as exc:
             notes.append(f"ptt.memory_breakdown failed ({type(exc).__name__}: {str(exc)[:120]})")
     findings = list(lint_found)
-    if bias_pairs and not any("conv-bias" in f.id or f.id.startswith("PTL001") for f in findings):
+    if bias_pairs and not any(f.id == "PTL001" for f in findings):
         findings.append(
             Finding(
+                "PTL001",
                 "conv-bias-before-bn",
                 ", ".join(bias_pairs[:4]) + (" ..." if len(bias_pairs) > 4 else ""),
                 f"{len(bias_pairs)} conv layer(s) with a bias feed a BatchNorm, which subtracts it again",
+                "a bias add per output element, undone by the BatchNorm",
                 "ptt.remove_conv_bias_before_bn_(model)",
+                source="tune",
             )
         )
     busy = oversubscribed()
     if busy:
         findings.append(
             Finding(
+                "PTD004",
                 "cpu-oversubscribed",
                 "machine",
                 busy,
+                "noisy, slower steps",
                 "OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before Python starts)",
+                source="tune",
             )
         )
     native = bf16_native(w.device)
     if native and w.device.type == "cpu":
         findings.append(
             Finding(
+                "PTD003",
                 "fp32-on-bf16-cpu",
                 "model",
                 "the step runs in fp32 on a CPU with native bf16 (avx512_bf16/AMX)",
+                "the bf16 kernels this CPU has are left unused",
                 'ptt.mixed_precision("cpu", dtype="bf16")',
+                source="tune",
             )
         )
     wait_share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
@@ -358,20 +346,28 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     if verdict == "input-bound":
         findings.append(
             Finding(
+                "PTD001",
                 "input-bound",
                 f"DataLoader(num_workers={w.num_workers})",
                 f"the input pipeline costs {share:.0%} of the step ({step_s:.2f} s with the loader vs "
                 f"{compute_alone_s:.2f} s with the batches staged; {wait_share:.0%} spent waiting for data, the rest "
                 "the decoding workers taking cores from the training threads), loaded "
                 + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
+                f"{share:.0%} of every step",
                 "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack; "
                 "tune measures each below",
             )
         )
-    if w.batch_size % 8 and not any(f.id.startswith("PTL003") for f in findings):
+    if w.batch_size % 8 and not any(f.id == "PTL003" for f in findings):
         findings.append(
             Finding(
-                "batch-not-multiple-of-8", "batch size", f"batch size {w.batch_size}", "use a multiple of 8"
+                "PTL003",
+                "batch-not-multiple-of-8",
+                "batch size",
+                f"batch size {w.batch_size}",
+                "kernels tile in multiples of 8",
+                "use a multiple of 8",
+                source="tune",
             )
         )
     stages = data_stages(w)
@@ -382,9 +378,11 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     elif doctor["verdict"].startswith("input-bound"):
         findings.append(
             Finding(
+                "PTD002",
                 "input-bound-even-with-make-loader",
                 f"ptt.make_loader(num_workers={doctor['num_workers']})",
                 f"even the fast loader keeps the step waiting ({doctor['verdict']})",
+                "the step waits for data",
                 doctor["fix"],
                 source="ptt.doctor_data",
             )

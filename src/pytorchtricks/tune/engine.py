@@ -1,6 +1,6 @@
 """``tune``: diagnose a workload, A/B-measure every applicable trick, combine the winners, write the receipt.
 
-Flow (each phase gets a share of the time budget, ``bench.measure.Deadline``):
+Flow (each phase gets a share of the time budget, ``clock.Deadline``):
   1. diagnose - step-time split, findings (lint), memory, data-pipeline stages;
   2. candidates - skip what cannot help (with the reason), check correctness, then measure baseline and every
      candidate *interleaved* (paired per-round ratios, median and IQR): model tricks on the compute step with a
@@ -25,243 +25,37 @@ the measured step peak by ``MEMORY_MARGIN``.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from pytorchtricks.bench.alloc_events import quiet_peak_memory
-from pytorchtricks.bench.measure import Comparison, Deadline, compare, environment, quantiles
+from pytorchtricks.clock import Comparison, Deadline, environment
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import import_cpp_extension_quietly
-from pytorchtricks.tunable import TuneFacts, TuneSkip
-from pytorchtricks.tune.candidates import Check, check, why_not
+from pytorchtricks.tunable import TuneSkip
+from pytorchtricks.tune.candidates import check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
+from pytorchtricks.tune.measuring import (
+    DEFAULT_BUDGET_S,
+    DROPPED_FOR_TIME,
+    MARGIN,
+    MEMORY_MARGIN,
+    MIN_BLOCK_S,
+    STEP_BASELINE,
+    CandidateResult,
+    Measured,
+    Progress,
+    TuneResult,
+    facts_of,
+    measure_variants,
+    paired_ratio,
+    plan_blocks,
+    time_left_s,
+)
 from pytorchtricks.tune.runner import Runner, prepare_all, prepare_key, stage_batches
 from pytorchtricks.tune.workload import Workload, build_workload
-
-MARGIN = 0.05  # a win must clear 1.05x at the first quartile: borderline tricks would flip between runs
-MEMORY_MARGIN = 0.05
-REPORT_RESERVE_S = 8.0
-DEFAULT_BUDGET_S = 175.0  # + imports and workload build (~6 s): `make demo` ends within 3 minutes
-SCOPES = {"step": "whole step", "compute": "compute step, data staged"}
-STEP_BASELINE = "baseline (whole step)"
-DROPPED_FOR_TIME = (
-    "not tried",
-    "checked but not measured",
-)  # how a candidate the budget left out is marked  # the variant name of the whole-step reference
-
-
-@dataclass
-class Measured:
-    """One variant of one interleaved comparison."""
-
-    label: str
-    tricks: tuple[str, ...]
-    median_s: float
-    q1_s: float
-    q3_s: float
-    items_per_s: float
-    ratio: float  # vs the baseline of the same comparison (> 1: faster)
-    ratio_q1: float
-    ratio_q3: float
-    rounds: int
-    peak_bytes: int | None = None
-    peak_method: str | None = None
-    scope: str = "step"  # "step": loader included; "compute": batches staged in memory, loader left out
-
-
-@dataclass
-class CandidateResult:
-    name: str
-    status: str  # "kept", "rejected", "skipped", "failed"
-    reason: str
-    exact: bool
-    measured: Measured | None = None
-    check: Check | None = None
-    # one-time build (a pack, a RAM cache, a loader sweep) of the trick and what it needs, in seconds
-    prepare_s: float | None = None
-    break_even_epochs: float | None = None
-
-
-@dataclass
-class TuneResult:
-    workload: dict[str, Any]
-    env: dict[str, Any]
-    goal: str
-    budget_s: float
-    diagnosis: Diagnosis | None = None
-    # baseline: the compute step's (model tricks) or, without model tricks, the whole step's;
-    # step_baseline: the whole step's (loader settings), measured in the same rounds as ``baseline``
-    baseline: Measured | None = None
-    step_baseline: Measured | None = None
-    candidates: list[CandidateResult] = field(default_factory=list)
-    combination: list[dict[str, Any]] = field(default_factory=list)  # the greedy steps
-    final: list[Measured] = field(default_factory=list)  # the verification run
-    recommended: tuple[str, ...] = ()
-    combined: Measured | None = None
-    combined_check: Check | None = None
-    after_split_s: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    phases_done: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    elapsed_s: float = 0.0
-    memory: Any = None  # the memory search (``tune.memory.MemorySearch``) of --memory-budget / --goal memory
-
-
-class Progress:
-    """What ``tune`` reports while it runs; the CLI subclasses it with rich progress bars."""
-
-    def phase(self, name: str, total: int | None) -> None: ...
-
-    def advance(self, n: int = 1) -> None: ...
-
-    def log(self, message: str) -> None: ...
-
-    def done(self) -> None: ...
-
-
-def _measured(
-    cmp: Comparison,
-    labels: dict[str, tuple[str, ...]],
-    items: int,
-    mem: dict[str, Any],
-    scopes: dict[str, str],
-) -> dict[str, Measured]:
-    out = {}
-    for name, v in cmp.variants.items():
-        m = mem.get(name)
-        scope = scopes[name]
-        out[name] = Measured(
-            name,
-            labels[name],
-            v.stats.median_s,
-            v.stats.q1_s,
-            v.stats.q3_s,
-            items / v.stats.median_s,
-            v.ratio,
-            v.ratio_q1,
-            v.ratio_q3,
-            cmp.rounds,
-            m.peak_bytes if m is not None else None,
-            m.method if m is not None else None,
-            scope,
-        )
-    return out
-
-
-def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, float]:
-    """(Q1, median, Q3) of the per-round speed ratio of ``den`` over ``num`` (> 1: ``den`` is faster)."""
-    a, b = cmp[num].stats.times_s, cmp[den].stats.times_s
-    return quantiles([x / y for x, y in zip(a, b)])
-
-
-MIN_BLOCK_S = 0.25  # the shortest timed block worth having (one call of a slow step is always timed anyway)
-
-
-def plan_blocks(
-    steps_s: dict[str, float],
-    whole: tuple[str, ...] | set[str],
-    budget_s: float,
-    memory: bool = True,
-    whole_units: int = 1,
-) -> tuple[int, float, bool] | None:
-    """(rounds, min_run_time_s, measure_memory) that fit the variants (their expected seconds per call in
-    ``steps_s``) into ``budget_s``, or None.
-
-    Prefers more rounds (a tighter IQR), then spends what is left on longer timed blocks of the staged variants
-    (up to 1 s each); drops the profiled memory step before giving up. Cost model: one warm-up call per variant
-    (+ ~3 calls for the profiled peak-memory step of a staged one); per round a staged variant costs the Timer's
-    block-size call, its timed block and up to one call past its end; a ``whole``-step variant starts its loader
-    workers and runs one untimed step per worker (~one call), then its timed block of whole calls of
-    ``whole_units`` steps (one per loader worker, see ``measure_variants``) and up to half a call past its end.
-    """
-    if not steps_s:
-        return None
-    t = {n: max(v, 1e-4) * (whole_units if n in whole else 1) for n, v in steps_s.items()}
-    staged = [n for n in t if n not in whole]
-    warm = sum(t.values()) + (3 * sum(t[n] for n in staged) if memory else 0.0)
-    per_round = sum((1.5 if n in whole else 2) * v for n, v in t.items())
-    for rounds in (9, 7, 5, 3):
-        block = ((budget_s - warm) / rounds - per_round) / len(t)
-        if block >= MIN_BLOCK_S:
-            return rounds, min(1.0, block), memory
-    return plan_blocks(steps_s, whole, budget_s, False, whole_units) if memory and staged else None
-
-
-def measure_variants(
-    w: Workload,
-    variants: dict[str, tuple[str, ...]],
-    *,
-    step_s: float | dict[str, float],
-    budget_s: float,
-    memory: bool = True,
-    on_round: Callable[[int], None] | None = None,
-    batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    whole_step: tuple[str, ...] = (),
-    min_block_s: float | None = None,
-) -> tuple[dict[str, Measured], Comparison]:
-    """Build a Runner per variant and time them interleaved (first variant is the reference).
-
-    ``step_s``: the expected seconds per call, of every variant or per variant (what the rounds are planned on);
-    ``min_block_s``: the shortest timed block, whatever the plan.
-    With ``batches`` every variant cycles over those in-memory batches (the compute step alone), except the
-    variants named in ``whole_step``, which read through their loader (the whole step). Memory is measured for
-    the staged variants only (a loader's worker processes would fork inside the meter).
-    """
-    staged = {n for n in variants if batches is not None and n not in whole_step}
-    steps = step_s if isinstance(step_s, dict) else {n: step_s for n in variants}
-    runners: dict[str, Runner] = {}
-    try:
-        for name, tricks in variants.items():
-            runners[name] = Runner(w, tricks, batches=batches if name in staged else None)
-        # a whole step with W loader workers is timed W steps per call: the workers deliver their batches in
-        # waves of W (all started together), so a block of any other length would be a part-wave, fast or slow
-        # by where it starts; per step the times are the same
-        units = {n: max(1, r.num_workers) if n not in staged else 1 for n, r in runners.items()}
-        whole = {n for n in variants if n not in staged}
-        plan = plan_blocks(steps, whole, budget_s, memory, max([units[n] for n in whole], default=1))
-        rounds, min_rt, memory = plan if plan is not None else (3, MIN_BLOCK_S, False)
-        min_rt = max(min_rt, min_block_s or 0.0)
-        cmp = compare(
-            {n: _steps(r, units[n]) for n, r in runners.items()},
-            baseline=next(iter(variants)),
-            rounds=rounds,
-            min_run_time_s=min_rt,
-            device=w.device,
-            warmup=1,
-            on_round=on_round,
-            before_block=lambda n: _only_active(runners, n),
-            budget_s=0.9 * budget_s,  # a wrong cost estimate ends the run early (>= 3 rounds), not late
-            units_per_call=units,
-            single_call=whole,
-        )
-        mem = {
-            n: quiet_peak_memory(r.step, w.device)
-            for n, r in runners.items()
-            if memory and (n in staged or batches is None)
-        }
-    finally:
-        for r in runners.values():
-            r.close()
-    scopes = {n: "compute" if n in staged else "step" for n in variants}
-    return _measured(cmp, variants, w.batch_size, mem, scopes), cmp
-
-
-def _steps(r: Runner, n: int) -> Callable[[], Any]:
-    if n == 1:
-        return r.step
-
-    def run() -> Any:
-        for _ in range(n - 1):
-            r.step()
-        return r.step()
-
-    return run
 
 
 def _payback(w: Workload, cr: CandidateResult, m: Measured, ref: Measured) -> str:
@@ -282,14 +76,6 @@ def _payback(w: Workload, cr: CandidateResult, m: Measured, ref: Measured) -> st
         f"{cr.break_even_epochs:.1f} epoch(s) (the same ratio on the whole dataset: build time and savings "
         "both scale with its size)"
     )
-
-
-def _only_active(runners: dict[str, Runner], name: str) -> None:
-    """Before ``name``'s timed block: stop every other variant's loader workers, start ``name``'s."""
-    for other, r in runners.items():
-        if other != name:
-            r.deactivate()
-    runners[name].activate()
 
 
 def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tuple[bool, str]:
@@ -317,58 +103,12 @@ def _wins(m: Measured, base: Measured, name: str, goal: str, exact: bool) -> tup
 def _priority(diag: Diagnosis) -> list[str]:
     """Candidate order: tricks that fix a diagnosed finding first, then (input-bound) the loader tricks, then
     the hooks' order."""
-    ids = {f.id.split()[0] for f in diag.findings}
+    ids = {f.id for f in diag.findings}
     cands = all_candidates()
     first = [c.name for c in cands if c.hook.fixes and c.hook.fixes in ids]
     if diag.verdict == "input-bound":
         first += [c.name for c in cands if c.scope == "step" and c.name not in first]
     return first + [c.name for c in cands if c.name not in first]
-
-
-def facts_of(
-    w: Workload,
-    diag: Diagnosis,
-    budget_left_s: float,
-    *,
-    goal: str = "speed",
-    memory_budget_bytes: int | None = None,
-) -> TuneFacts:
-    """What the hooks' ``applies`` see: the workload and its diagnosis."""
-    import psutil
-
-    data_bytes = sum(os.path.getsize(f) for f in w.files) if w.files else None
-    convs = [m for m in w.model_factory().modules() if isinstance(m, torch.nn.Conv2d)]
-    nhwc = bool(convs) and all(
-        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
-        for m in convs
-    )
-    return TuneFacts(
-        phase=w.for_,
-        device=w.device.type,
-        verdict=diag.verdict,
-        data_wait_share=diag.input_share,
-        data_kind=w.data_kind,
-        data_bytes=data_bytes,
-        num_samples=len(w.dataset),
-        input_size=w.input_size,
-        free_ram_bytes=int(psutil.virtual_memory().available),
-        cpu_count=os.cpu_count() or 1,
-        budget_left_s=budget_left_s,
-        conv_bias_pairs=len(diag.conv_bias_pairs),
-        conv_bn_pairs=diag.conv_bn_pairs,
-        has_conv2d=diag.has_conv2d,
-        native_bf16=diag.bf16_native,
-        baseline={"num_workers": w.num_workers, "channels_last": nhwc, "optimizer": w.optimizer[0]},
-        batch_size=w.batch_size,
-        goal=goal,
-        memory_budget_bytes=memory_budget_bytes,
-    )
-
-
-def _left(dl: Deadline) -> float:
-    """Seconds left for measuring, after keeping time to write the receipt (plots take a few seconds)."""
-    reserve = min(REPORT_RESERVE_S, 2.0 + 0.05 * (dl.budget_s or 0.0))
-    return max(0.0, dl.remaining_s - reserve)
 
 
 def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, prog: Progress) -> list[str]:
@@ -379,13 +119,13 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     rows: dict[str, CandidateResult] = {}
     cands = all_candidates()
     prog.phase("check candidates", len(cands))
-    checks_until = dl.elapsed_s + 0.3 * _left(
+    checks_until = dl.elapsed_s + 0.3 * time_left_s(
         dl
     )  # correctness checks and one-time builds: 30% of what is left
-    facts = facts_of(w, diag, _left(dl), goal=goal)  # once: it reads the model and every file's size
+    facts = facts_of(w, diag, time_left_s(dl), goal=goal)  # once: it reads the model and every file's size
     for name in _priority(diag):
         c = by_name(name)
-        facts.budget_left_s = _left(dl)
+        facts.budget_left_s = time_left_s(dl)
         reason = why_not(c, facts)
         if reason is None and dl.elapsed_s > checks_until:
             reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
@@ -413,7 +153,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
                 )
         prog.advance()
     res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
-    share = 0.5 * _left(dl)
+    share = 0.5 * time_left_s(dl)
     t_compute = compute_step_s(diag)
     est = {n: whole_step_estimate(rows[n], w, t_compute, t) for n in to_measure}
     mem = goal != "speed"  # the peak-memory step of every staged variant only when memory is a goal
@@ -643,7 +383,7 @@ def _addition(
     # the verify run of the larger combination comes first; a one-time build this addition needs (e.g. the
     # loader sweep over the chosen dataset) is paid before its measurement
     build = PREPARE_ALLOWANCE_S if _needs_build(w, trial) else 0.0
-    share = (_left(dl) - _verify_need_s(w, res, trial) - build) / max(1, 1 + _to_try(trial, rest))
+    share = (time_left_s(dl) - _verify_need_s(w, res, trial) - build) / max(1, 1 + _to_try(trial, rest))
     pair = {"without": _step_estimate(res, current), "with": _step_estimate(res, trial)}
     if plan_blocks(pair, set(pair), share, memory=False, whole_units=max(1, w.num_workers)) is None:
         # no time to test the addition: it stays out (an untested addition can cost what the others won,
@@ -690,7 +430,7 @@ def _phase_verify(
         variants["combined"] = combo
     for s in singles if len(combo) > 1 else combo:
         variants[s] = (s,)
-    share = max(0.0, _left(dl) - 4 * _step_estimate(res, combo))  # keep time for the after-split
+    share = max(0.0, time_left_s(dl) - 4 * _step_estimate(res, combo))  # keep time for the after-split
 
     def plan() -> tuple[dict[str, float], tuple[int, float, bool] | None]:
         steps = {n: _step_estimate(res, v) for n, v in variants.items()}
@@ -773,7 +513,7 @@ def run_tune(
     try:
         with _seeded(0):
             prog.phase("diagnose", None)
-            res.diagnosis = diagnose(w, budget_s=0.09 * _left(dl))
+            res.diagnosis = diagnose(w, budget_s=0.09 * time_left_s(dl))
             res.notes.extend(res.diagnosis.notes)
             res.phases_done.append("diagnose")
             if memory_mode:
@@ -915,20 +655,3 @@ def tune_model(
 
         write_receipt(res, out)
     return res
-
-
-def where_measured(phases_done: list[str]) -> str:
-    """Which interleaved run the recommended figure comes from (the receipt says it beside the number)."""
-    if "memory" in phases_done:
-        return (
-            "on the compute step (batches staged), in the memory search's interleaved run with the baseline"
-        )
-    if "verify" in phases_done:
-        return "in its own interleaved run with the baseline"
-    return "in the candidates' interleaved run with the baseline (no time was left for a separate verify run)"
-
-
-def speedup_text(m: Measured | None) -> str:
-    if m is None or not math.isfinite(m.ratio):
-        return "-"
-    return f"{m.ratio:.2f}x (IQR {m.ratio_q1:.2f}-{m.ratio_q3:.2f})"

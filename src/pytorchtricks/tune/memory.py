@@ -33,22 +33,22 @@ from typing import Any
 import torch
 
 from pytorchtricks.bench.alloc_events import quiet_peak_memory
-from pytorchtricks.bench.measure import Deadline
+from pytorchtricks.clock import Deadline
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tunable import TuneSkip
 from pytorchtricks.tune.candidates import Check, check, why_not
-from pytorchtricks.tune.engine import (
+from pytorchtricks.tune.hooks import all_candidates, by_name
+from pytorchtricks.tune.measuring import (
     CandidateResult,
     Measured,
     Progress,
     TuneResult,
-    _left,
     facts_of,
     measure_variants,
     plan_blocks,
+    time_left_s,
 )
-from pytorchtricks.tune.hooks import all_candidates, by_name
 from pytorchtricks.tune.runner import Runner, stage_batches
 from pytorchtricks.tune.workload import Workload
 
@@ -342,7 +342,7 @@ def run_memory_search(
     search.activation_budget_bytes = None if budget is None else max(1, budget - static)
     w.activation_budget_bytes = search.activation_budget_bytes  # what every configuration's hooks plan to
     facts = facts_of(
-        w, diag, _left(dl), goal="memory" if goal == "speed" else goal, memory_budget_bytes=budget
+        w, diag, time_left_s(dl), goal="memory" if goal == "speed" else goal, memory_budget_bytes=budget
     )
     names = _candidates(w, res, facts, prog)
     base.predicted_bytes = predict_peak(w, ())
@@ -407,11 +407,11 @@ def _measure(
     for p in todo:
         # a peak costs ~2 steps (a warm one, the metered one); keep the speed run of what is measured + this one
         after = {"baseline": base_step} | {q.label: 1.3 * base_step for q in [*timed, p]}
-        keep = _left(dl) - 2.6 * base_step - _final_check_s(base_step)
+        keep = time_left_s(dl) - 2.6 * base_step - _final_check_s(base_step)
         if plan_blocks(after, set(), keep, memory=False) is None:
             p.status, p.reason = (
                 "not run",
-                f"no time left for its peak and speed ({_left(dl):.0f} s left; raise --time-budget)",
+                f"no time left for its peak and speed ({time_left_s(dl):.0f} s left; raise --time-budget)",
             )
             prog.advance()
             continue
@@ -425,7 +425,7 @@ def _measure(
         prog.advance()
     # the speed run: the baseline and every configuration measured, fitting ones first if time is short
     timed.sort(key=lambda p: (not p.fits, len(p.tricks)))
-    share = max(0.0, _left(dl) - 4 * base_step - _final_check_s(base_step))
+    share = max(0.0, time_left_s(dl) - 4 * base_step - _final_check_s(base_step))
     steps = {"baseline": base_step} | {p.label: base_step * (1.3 if len(p.tricks) else 1) for p in timed}
     while timed and plan_blocks(steps, set(), share, memory=False) is None:
         dropped = timed.pop()
@@ -482,7 +482,7 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
             res.notes.append(search.message)
             return
         pick = min(lower, key=lambda p: (p.peak_bytes or 0, len(p.tricks), p.label))
-    samples = w.batch_size if _left(dl) > _final_check_s(pick.measured.median_s) else CHECK_SAMPLES  # type: ignore[union-attr]
+    samples = w.batch_size if time_left_s(dl) > _final_check_s(pick.measured.median_s) else CHECK_SAMPLES  # type: ignore[union-attr]
     try:
         search.check = check(w, pick.tricks, samples=samples)
     except TuneSkip as exc:

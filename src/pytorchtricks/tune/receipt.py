@@ -15,9 +15,9 @@ import tempfile
 from dataclasses import asdict
 from typing import Any
 
-from pytorchtricks.bench.measure import write_jsonl
-from pytorchtricks.tune.engine import TuneResult, where_measured
+from pytorchtricks.clock import write_jsonl
 from pytorchtricks.tune.hooks import by_name, with_requirements
+from pytorchtricks.tune.measuring import TuneResult, where_measured
 
 
 def shape_text(workload: dict[str, Any]) -> str:

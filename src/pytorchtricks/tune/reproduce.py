@@ -23,7 +23,7 @@ PEAK_TOLERANCE = (
 
 def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float = 90.0) -> dict[str, Any]:
     """Rebuild the workload of the receipt at ``path`` (receipt.json) and re-measure baseline vs recommended."""
-    from pytorchtricks.tune.engine import measure_variants
+    from pytorchtricks.tune.measuring import measure_variants
     from pytorchtricks.tune.runner import Runner
     from pytorchtricks.tune.workload import build_workload
 
@@ -50,7 +50,7 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         return _check_memory(p, w, rec, budget_s)
     probe = Runner(w, ())
     try:
-        from pytorchtricks.bench.measure import time_call
+        from pytorchtricks.clock import time_call
 
         probe.step()
         _, step_s = time_call(probe.step, w.device)
@@ -90,7 +90,7 @@ def _speed_result(rec: tuple[str, ...], meas: dict[str, Any], want: dict[str, An
 def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: float) -> dict[str, Any]:
     """A memory receipt: the recommended configuration's peak (held + the step's own) and its speed on the
     compute step, interleaved with the baseline, as the search measured them."""
-    from pytorchtricks.tune.engine import measure_variants
+    from pytorchtricks.tune.measuring import measure_variants
     from pytorchtricks.tune.memory import measure_peak
     from pytorchtricks.tune.runner import stage_batches
 

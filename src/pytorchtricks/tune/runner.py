@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pytorchtricks.bench.measure import Stopwatch, now_s
+from pytorchtricks.clock import Stopwatch, now_s
 from pytorchtricks.core import PttWarning
 from pytorchtricks.tunable import TuneSetup
 from pytorchtricks.tune.baseline import normalize, user_loader

@@ -297,9 +297,39 @@ def test_shard_stream_augmentations_do_not_depend_on_the_worker_count(tmp_path):
         loader = make_loader(ShardStream(str(tmp_path / "p"), seed=0, decode=None), 4, crop=16, num_workers=workers,
                              drop_last=False, seed=3)  # fmt: skip
         loader.set_epoch(epoch)
-        return {int(round(float(x[k, 0].float().mean()) / 10)): x[k].numpy().tobytes() for x, _ in loader
+        return {round(float(x[k, 0].float().mean()) / 10): x[k].numpy().tobytes() for x, _ in loader
                 for k in range(len(x))}  # fmt: skip
 
     zero, two = by_id(0, 0), by_id(2, 0)
     assert sorted(zero) == list(range(20)) and zero == two
     assert sum(a != b for a, b in zip(zero.values(), (by_id(0, 1)[k] for k in zero), strict=True)) > 10
+
+
+def test_a_shard_datasets_transform_is_refused_and_on_error_skip_is_honoured(packs, tmp_path):
+    """make_loader reads stored records: a ShardDataset's transform= would silently not run, so it is refused;
+    on_error="skip" drops a corrupt sample from its batch (with a warning), "raise" raises."""
+    import shutil
+
+    from pytorchtricks.core import PttWarning
+    from pytorchtricks.shards.dataset import ShardDataset
+    from pytorchtricks.shards.errors import ShardError
+
+    with pytest.raises(ptt.PttError, match="transform= would not run"):
+        make_loader(ShardDataset(packs["ptt"], decode=None, transform=lambda x: x), 4, crop=None)
+    bad = tmp_path / "bad"
+    shutil.copytree(packs["ptt"], bad)
+    import json
+
+    rows = np.load(bad / "index.npy")
+    shard, offset = int(rows["shard"][5]), int(rows["offset"][5])
+    path = bad / json.loads((bad / "manifest.json").read_text())["shards"][shard]["name"]
+    data = bytearray(path.read_bytes())
+    data[offset + 20] ^= 0xFF  # sample 5's record: its CRC no longer matches
+    path.write_bytes(bytes(data))
+    kw = {"crop": None, "flip": False, "shuffle": False, "drop_last": False, "num_workers": 0}
+    with pytest.warns(PttWarning, match="skipped a bad sample"):
+        ids = _ids(make_loader(ShardDataset(str(bad), decode=None, on_error="skip"), 4, **kw))
+    good = _ids(make_loader(ShardDataset(packs["ptt"], decode=None), 4, **kw))  # stored order
+    assert ids == good[:5] + good[6:]
+    with pytest.raises(ShardError, match="CRC"):
+        _ids(make_loader(ShardDataset(str(bad), decode=None), 4, **kw))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.measure import cpu_tracked_peak_bytes
+from pytorchtricks.clock import cpu_tracked_peak_bytes
 from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
 
 # CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.measure import SavedTensorMeter
-from pytorchtricks.bench.workloads import randomize_bn_
+from pytorchtricks.clock import SavedTensorMeter
+from pytorchtricks.fixtures import randomize_bn_
 
 # CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
 pytestmark = pytest.mark.isa

@@ -21,7 +21,7 @@ class FashionMnist:
 
 @pytest.fixture(scope="session")
 def fmnist() -> FashionMnist:
-    from pytorchtricks.bench import fashion_mnist as fm
+    from pytorchtricks import fashion_mnist as fm
 
     if not fm.available():
         pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")

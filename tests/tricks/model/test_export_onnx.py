@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.analysis.safety import reference_outputs, sqnr_db
-from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
 from pytorchtricks.core import MissingExtraError, PttError
+from pytorchtricks.fixtures import randomize_bn_, small_cnn
+from pytorchtricks.safety import reference_outputs, sqnr_db
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import PttError
+from pytorchtricks.fixtures import randomize_bn_
 
 torchvision = pytest.importorskip("torchvision")
 pytest.importorskip("torchao")

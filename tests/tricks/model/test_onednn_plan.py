@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.analysis.safety import sqnr_db
-from pytorchtricks.bench.workloads import randomize_bn_
+from pytorchtricks.fixtures import randomize_bn_
+from pytorchtricks.safety import sqnr_db
 from pytorchtricks.tricks.model import _onednn_plan
 from pytorchtricks.tricks.model._onednn_plan import (
     PlanUnsupported,

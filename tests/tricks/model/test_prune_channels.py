@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.fixtures import randomize_bn_
 
 
 def _kill_half_(model: nn.Module) -> None:
@@ -103,7 +103,7 @@ def test_l1_criterion_prunes_mlp_hidden_units() -> None:
 
 @pytest.mark.slow
 def test_fashion_mnist_half_channels_fine_tuned_within_1_5_points(fmnist) -> None:
-    from pytorchtricks.bench.fashion_mnist import evaluate, train
+    from pytorchtricks.fashion_mnist import evaluate, train
 
     model = copy.deepcopy(fmnist.model)
     ptt.prune_channels_(model, 0.5)

@@ -10,16 +10,16 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.analysis.safety import SafetyError
-from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
 from pytorchtricks.core import MissingExtraError, PttError
+from pytorchtricks.fixtures import randomize_bn_, small_cnn
+from pytorchtricks.safety import SafetyError
 
 pytest.importorskip("torchao")
 
 
 @pytest.mark.slow
 def test_int8_ptq_fashion_mnist_drop_within_half_point(fmnist) -> None:
-    from pytorchtricks.bench.fashion_mnist import evaluate
+    from pytorchtricks.fashion_mnist import evaluate
 
     calib = [fmnist.train_x[i : i + 128] for i in range(0, 1024, 128)]
     q = ptt.quantize_(copy.deepcopy(fmnist.model), fmnist.test_x[:64], calibration=calib)
@@ -261,8 +261,8 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
     AVX2 pair sums inside int16 (8-bit activations there lose 1-5 dB to saturation on this net).
     """
     torchvision = pytest.importorskip("torchvision")
-    from pytorchtricks.analysis.safety import sqnr_db
     from pytorchtricks.hardware import cpu_caps
+    from pytorchtricks.safety import sqnr_db
 
     torch.manual_seed(0)
     q = ptt.quantize_(torchvision.models.resnet18().eval(), (torch.randn(8, 3, 160, 160),))

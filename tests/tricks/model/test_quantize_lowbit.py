@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.fixtures import randomize_bn_
 from pytorchtricks.tricks.model.quantize_lowbit import act_quant, quantize_k, weight_quant
 
 
@@ -89,7 +89,7 @@ def test_misuse() -> None:
 
 @pytest.mark.slow
 def test_dorefa_w4a4_qat_fashion_mnist_within_2_points(fmnist) -> None:
-    from pytorchtricks.bench.fashion_mnist import evaluate, train
+    from pytorchtricks.fashion_mnist import evaluate, train
 
     student = ptt.quantize_lowbit_(copy.deepcopy(fmnist.model), 4, 4)
     train(student, fmnist.train_x, fmnist.train_y, epochs=1.0, lr=0.05, batch_size=256)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
+from pytorchtricks.fixtures import randomize_bn_
 
 
 def _biased_net() -> nn.Module:

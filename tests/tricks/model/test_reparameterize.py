@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.fixtures import randomize_bn_
 from pytorchtricks.tricks.model._rep_blocks import repvgg_net
 
 

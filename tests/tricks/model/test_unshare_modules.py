@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.workloads import randomize_bn_
 from pytorchtricks.core import NoEffectWarning
+from pytorchtricks.fixtures import randomize_bn_
 
 
 class SharedRelu(nn.Module):

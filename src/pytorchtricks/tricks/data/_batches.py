@@ -5,13 +5,15 @@ Not a trick (leading underscore): make_loader's machinery, kept apart so the tri
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, PttWarning
+from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.tricks.data._images import SampleMaker, read_item, sample_rng
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -47,18 +49,39 @@ class BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self.maker.crop is None:  # sizes unknown up front: stack (and check) afterwards
             images, labels = [], []
             for i in idx:
-                raw, label = read_item(self.dataset, i)
-                images.append(self.maker(raw, sample_rng(self.seed, epoch, i)))
-                labels.append(label)
+                got = self._read(i)
+                if got is not None:
+                    images.append(self.maker(got[0], sample_rng(self.seed, epoch, i)))
+                    labels.append(got[1])
             return stack_batch(images, labels)
         out = batch_buffer((len(idx), *self.maker.crop, 3))
         buf = out.numpy()
         labels = []
-        for k, i in enumerate(idx):
-            raw, label = read_item(self.dataset, i)
-            self.maker(raw, sample_rng(self.seed, epoch, i), out=buf[k])  # pixels land in the batch directly
-            labels.append(label)
-        return out.permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+        for i in idx:
+            got = self._read(i)
+            if got is None:
+                continue
+            try:  # pixels land in the batch directly
+                self.maker(got[0], sample_rng(self.seed, epoch, i), out=buf[len(labels)])
+            except DecodeError as exc:
+                self._skip_or_raise(exc)
+                continue
+            labels.append(got[1])
+        return out[: len(labels)].permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+
+    def _read(self, i: int) -> tuple[Any, int] | None:
+        try:
+            return read_item(self.dataset, i)
+        except (ShardError, DecodeError) as exc:
+            self._skip_or_raise(exc)
+            return None
+
+    def _skip_or_raise(self, exc: Exception) -> None:
+        """A dataset made with ``on_error="skip"`` (ShardDataset) loses the bad sample from its batch, with a
+        warning, as when it is read directly; otherwise the error stands."""
+        if getattr(self.dataset, "on_error", "raise") != "skip":
+            raise exc
+        warnings.warn(f"skipped a bad sample (its batch is one smaller): {exc}", PttWarning, stacklevel=2)
 
 
 def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
+from pytorchtricks.shards.sources import IMAGE_EXTENSIONS  # one list, on the formats' floor
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # folder name (lower case) -> split; the first found wins when a root has several names for one split
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 

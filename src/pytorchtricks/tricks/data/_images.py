@@ -1,13 +1,11 @@
 """Image plumbing shared by the loader, the cache and the doctor: decode hooks, crop boxes, sample adapters.
 
-Not a trick (leading underscore). The decoder is the shards work's ``decode_image`` (crop-aware DCT-scaled decode);
-when that module is absent a small PIL fallback with ``draft`` keeps the pipeline usable.
+Not a trick (leading underscore). The decoder is ``shards.jpeg.decode_image`` (crop-aware DCT-scaled decode), one
+floor down.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,53 +17,11 @@ from pytorchtricks.core import PttError
 Box = tuple[int, int, int, int]  # (top, left, height, width) in source-image pixels
 
 
-@functools.lru_cache(maxsize=1)
 def decoders() -> tuple[Callable[..., np.ndarray], Callable[[Any], tuple[int, int]]]:
-    """``(decode_image, image_size)``: the shards work's when present, else the PIL fallback below."""
-    for module in ("pytorchtricks.tricks.data.decode_image", "pytorchtricks.shards.jpeg"):
-        try:
-            mod = importlib.import_module(module)
-            return mod.decode_image, mod.image_size
-        except (ImportError, AttributeError):
-            continue
-    return _pil_decode, _pil_size
+    """``(decode_image, image_size)`` of ``shards.jpeg``: the crop-aware, DCT-scaled decoder every reader uses."""
+    from pytorchtricks.shards.jpeg import decode_image, image_size
 
-
-def _pil_open(data: Any) -> Any:
-    import io
-
-    from PIL import Image
-
-    return Image.open(io.BytesIO(bytes(data)))
-
-
-def _pil_size(data: Any) -> tuple[int, int]:
-    w, h = _pil_open(data).size
-    return h, w
-
-
-def _pil_decode(
-    data: Any, *, size: tuple[int, int] | None = None, crop: Box | None = None, **_: Any
-) -> np.ndarray:
-    from PIL import Image
-
-    img = _pil_open(data)
-    if size is not None:  # DCT-scaled decode: keep the (scaled) crop at least as large as the target
-        w0, h0 = img.size
-        ch, cw = (crop[2], crop[3]) if crop else (h0, w0)
-        f = max(1, min(8, int(min(ch / size[0], cw / size[1]))))
-        img.draft("RGB", (max(1, math.ceil(w0 / f)), max(1, math.ceil(h0 / f))))
-        sx, sy = img.size[0] / w0, img.size[1] / h0
-        if crop:
-            t, lf, h, w = crop
-            img = img.crop((lf * sx, t * sy, (lf + w) * sx, (t + h) * sy))
-        img = img.convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    else:
-        img = img.convert("RGB")
-        if crop:
-            t, lf, h, w = crop
-            img = img.crop((lf, t, lf + w, t + h))
-    return np.asarray(img)
+    return decode_image, image_size
 
 
 def crop_decode(

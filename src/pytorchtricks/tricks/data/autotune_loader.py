@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.bench.measure import Deadline, now_s
+from pytorchtricks.clock import Deadline, now_s
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 

@@ -7,9 +7,13 @@ When: datasets whose decoded, resized pixels fit in RAM (``/dev/shm``) or on loc
 Caveats: the admission check extrapolates from a sample of images and keeps a safety margin; if the arena would not
 fit it warns and returns the dataset unchanged (``strict=True`` raises instead). The cache stores images with their
 short side resized to ``size`` (aspect kept): random crops then come from that smaller image, not the original.
-Rebuilt when the dataset length, size or key changes. The arena outlives the process by design (later runs and
-other ranks reuse it) and holds its RAM in ``/dev/shm`` until removed: each call warns ``PttWarning`` with where it
-is, its size and how to remove it; ``list_arenas()`` lists them, ``remove_arenas(paths or "all")`` frees them.
+The arena is named by a digest of the content (files' paths, sizes and mtimes, a pack's manifest, or the records'
+bytes) and the size: other data never shares it, changed data gets a new one. Before reuse it is checked (this
+user's own, writable by no one else, checksums of metadata, index and pixels); a damaged one is rebuilt. One process
+builds under a lock the kernel drops if it dies; the others wait and map the same file. The arena outlives the
+process by design (later runs and other ranks reuse it) and holds its RAM in ``/dev/shm`` until removed: each call
+warns ``PttWarning`` with where it is, its size and how to remove it; ``list_arenas()`` lists them,
+``remove_arenas(paths or "all")`` frees them.
 See also: make_loader, dataset_on_device; 借助内存 / YOLOv5 --cache ram.
 """
 
@@ -29,14 +33,22 @@ from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning,
 from pytorchtricks.tricks.data._arena import (
     DEFAULT_DIR,
     FORMAT,
+    ArenaError,
+    ArenaWriter,
     CachedDataset,
+    Verify,
+    build_lock,
+    clear_builds,
+    discard,
     in_ram,
     list_arenas,
+    private_root,
     remove_arenas,
 )
 from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
+from pytorchtricks.tricks.data._folder import JpegFolder
 from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
@@ -123,9 +135,97 @@ def _source(dataset: Any, key: str | None) -> str:
     )
 
 
+def _digest_records(h: Any, dataset: Any) -> None:
+    """Every record's bytes (dtype and shape of arrays too) and label: what an in-memory dataset holds."""
+    for i in range(len(dataset)):
+        raw, label = read_item(dataset, i)
+        if isinstance(raw, bytes | bytearray | memoryview):
+            h.update(b"bytes%d:" % len(raw))
+            h.update(raw)
+        else:
+            arr = raw.detach().cpu().numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw)
+            if arr.dtype == object:
+                raise PttError(
+                    f"sample {i} of the dataset is not an image (an object array); pass key= to name it."
+                )
+            arr = np.ascontiguousarray(arr)
+            h.update(f"{arr.dtype.str}{arr.shape}:".encode())
+            h.update(arr.data)
+        h.update(b"|%d\n" % int(label))
+
+
+def _digest_files(h: Any, files: list[tuple[str, str]]) -> None:
+    """Each file's name, size and modification time (ns): a changed, added or removed file changes the digest."""
+    for shown, path in files:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise PttError(
+                f"cache_in_ram cannot read {path} ({exc.strerror}): the dataset changed on disk."
+            ) from exc
+        h.update(f"{shown}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+
+
+def _content(dataset: Any, size: int | None, key: str | None) -> str:
+    """The digest of what the arena holds, the same in every process (workers, DDP ranks, later runs).
+
+    ``key=`` names the content itself (the caller vouches for it). A ``JpegFolder``: its root and each file's
+    path, size, mtime and label; torchvision's ImageFolder likewise from its ``samples``. A pack (``ShardDataset``: a ``path`` holding ``manifest.json``): the manifest's bytes
+    and each file's size and mtime. Anything else (in-memory lists, custom datasets): every record's bytes, read
+    once; SHA-256 runs ~1 GB/s, cheap next to decoding (a dataset whose reads are costly can pass ``key=``). The
+    size, the decoder and the arena format are always part of it. A dataset's own ``transform`` is not (a repr
+    holds memory addresses): the records hashed and cached are what ``read_raw`` / ``[i]`` return.
+    """
+    decode, _ = decoders()
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    h = hashlib.sha256(
+        json.dumps([FORMAT, size, f"{decode.__module__}.{decode.__qualname__}", len(dataset)]).encode()
+    )
+    pack = _location(dataset, "path")
+    if key is not None:
+        h.update(f"key:{key}".encode())
+    elif isinstance(dataset, JpegFolder):
+        root = os.path.abspath(dataset.root)
+        h.update(f"folder:{kind}:{root}\n".encode())
+        h.update(np.ascontiguousarray(dataset.labels, dtype=np.int64).data)
+        _digest_files(h, [(os.path.relpath(p, root), p) for p in map(dataset.path, range(len(dataset)))])
+    elif _file_samples(dataset) is not None:  # torchvision's ImageFolder / DatasetFolder: (path, label) pairs
+        pairs = _file_samples(dataset) or []
+        root = os.path.abspath(str(getattr(dataset, "root", "") or "/"))
+        h.update(f"samples:{kind}:{root}\n".encode())
+        h.update(np.asarray([label for _, label in pairs], dtype=np.int64).data)
+        _digest_files(h, [(os.path.relpath(os.path.abspath(p), root), p) for p, _ in pairs])
+    elif pack and os.path.isfile(os.path.join(pack, "manifest.json")):
+        with open(os.path.join(pack, "manifest.json"), "rb") as fh:
+            h.update(f"pack:{kind}:{pack}\n".encode() + fh.read())
+        files = [  # lock.mdb: LMDB readers with locking rewrite it; the data is untouched
+            os.path.join(d, f)
+            for d, _, names in sorted(os.walk(pack))
+            for f in sorted(names)
+            if f != "lock.mdb"
+        ]
+        _digest_files(h, [(os.path.relpath(p, pack), p) for p in files])
+    else:
+        h.update(f"records:{kind}\n".encode())
+        _digest_records(h, dataset)
+    return h.hexdigest()
+
+
+def _file_samples(dataset: Any) -> list[tuple[str, int]] | None:
+    """A torchvision folder dataset's ``samples`` (file path, label), when that is what it has."""
+    samples = getattr(dataset, "samples", None)
+    if not isinstance(samples, list) or len(samples) != len(dataset):
+        return None
+    ok = all(
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], int)
+        for x in samples
+    )
+    return samples if ok else None
+
+
 def _key(dataset: Any, size: int | None, key: str | None) -> str:
-    """The arena's name: the same for every process (workers, DDP ranks, later runs) that caches this data."""
-    return hashlib.sha256(f"{_source(dataset, key)}|{size}".encode()).hexdigest()[:16]
+    """The arena's folder name: the first 16 hex digits of ``_content`` (which the arena stores in full)."""
+    return _content(dataset, size, key)[:16]
 
 
 def _human(nbytes: int) -> str:
@@ -135,9 +235,9 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-def _say_where(cached: CachedDataset, built: bool, cache_dir: str) -> None:
+def _say_where(cached: CachedDataset, built: bool, root: str) -> None:
     ram = " of RAM (/dev/shm is memory)" if in_ram(cached.path) else ""
-    where = "" if os.path.abspath(cache_dir) == DEFAULT_DIR else repr(cache_dir)
+    where = "" if os.path.abspath(root) == DEFAULT_DIR else repr(root)
     warnings.warn(
         f"cache_in_ram {'built' if built else 'reuses'} the arena {cached.path} ({len(cached)} images, "
         f"{_human(cached.nbytes)}{ram}). It stays after this process exits, for later runs and ranks: remove it "
@@ -152,36 +252,43 @@ def _local_rank() -> int:
 
 
 def _build(
-    dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int, source: str
+    dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int, source: str, content: str
 ) -> None:
     tmp = f"{final}.tmp{os.getpid()}"  # the name _arena.list_arenas reads as "a build of process <pid>"
-    os.makedirs(tmp, exist_ok=True)
-    n = len(dataset)
-    index = np.zeros((n, 4), dtype=np.int64)
-    offset = 0
+    os.mkdir(
+        tmp, 0o700
+    )  # private whatever the umask; under the build lock, after clear_builds: never there yet
     loader = torch.utils.data.DataLoader(
         _DecodeAll(dataset, size),
         batch_size=None,
         num_workers=num_workers,
         prefetch_factor=8 if num_workers else None,
     )
+    writer = ArenaWriter(tmp, len(dataset))
     try:
-        with open(os.path.join(tmp, "arena.u8"), "wb") as fh:
-            for i, (arr, label) in enumerate(loader):
-                arr = arr.numpy() if isinstance(arr, torch.Tensor) else arr
-                if offset + arr.nbytes > limit_bytes:
-                    raise MemoryError(
-                        f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB at image {i}"
-                    )
-                fh.write(arr.tobytes())
-                index[i] = (offset, arr.shape[0], arr.shape[1], int(label))
-                offset += arr.nbytes
-        np.save(os.path.join(tmp, "index.npy"), index)
-        with open(os.path.join(tmp, "index.json"), "w", encoding="utf-8") as fh:
-            json.dump({"format": FORMAT, "count": n, "size": size, "nbytes": offset, "source": source}, fh)
+        for i, (arr, label) in enumerate(loader):
+            arr = arr.numpy() if isinstance(arr, torch.Tensor) else arr
+            if writer.offset + arr.nbytes > limit_bytes:
+                raise MemoryError(f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB at image {i}")
+            writer.add(i, arr, int(label))
+        writer.finish(size, source, content)
         os.replace(tmp, final)  # atomic: readers see a complete arena or none
     finally:
+        writer.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open(final: str, verify: Verify, content: str, *, discard_bad: bool) -> CachedDataset | None:
+    """The checked arena at ``final``, or None: missing, or not servable (then, with ``discard_bad``, moved away)."""
+    if not os.path.lexists(final):
+        return None
+    try:
+        return CachedDataset(final, verify=verify, content=content)
+    except ArenaError as exc:
+        if discard_bad:  # under the build lock: nobody else is replacing it
+            warnings.warn(f"cache_in_ram rebuilds the arena {final}: {exc}.", PttWarning, stacklevel=3)
+            discard(final)
+        return None
 
 
 class _DecodeAll(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -208,12 +315,21 @@ def cache_in_ram(
     sample: int = 32,
     strict: bool = False,
     wait_s: float = 3600.0,
+    verify: Verify = "auto",
 ) -> Any:
     """Decode ``dataset`` once (short side resized to ``size``) into a shared arena; returns a ``CachedDataset``.
 
     ``budget`` caps the arena in bytes (default: free space of ``cache_dir``; ``/dev/shm`` means RAM). If the
     estimated bytes x 1.3 exceed it, warns ``NoEffectWarning`` and returns ``dataset`` unchanged (or raises with
-    ``strict=True``). Local rank 0 builds; other ranks on the node wait for the atomic rename and map the same file.
+    ``strict=True``). The arena's name is a digest of the content (a folder's file paths, sizes and mtimes; a pack's
+    manifest and files; else every record's bytes) with ``size``; ``key=`` names the content instead (you vouch for it:
+    for a custom dataset whose reads are costly).
+    ``cache_dir`` (default ``/dev/shm/ptt-cache``) is used only when it is this user's and no one else may write
+    it; else its private sibling ``<cache_dir>-<uid>`` (with a ``PttWarning``). An existing arena is served only
+    after ``CachedDataset``'s checks (owner, permissions, checksums; ``verify=`` "auto" reads every pixel block up
+    to 2 GiB and a sample above, "full" always, "sample" never all); one that fails them is rebuilt, with a
+    ``PttWarning`` saying why. One process per node builds, holding a lock; the others (any local rank) wait up to
+    ``wait_s`` for it, and if it dies take over within ``POLL_S`` and rebuild, deleting its leftovers.
 
     Example:
         >>> import tempfile
@@ -229,50 +345,72 @@ def cache_in_ram(
         raise PttError(
             "cache_in_ram needs a map-style dataset (ShardDataset, JpegFolder, ...), not a stream."
         )
-    cache_dir = cache_dir or DEFAULT_DIR
-    os.makedirs(cache_dir, exist_ok=True)
-    final = os.path.join(cache_dir, _key(dataset, size, key))
-    built = not os.path.exists(os.path.join(final, "index.json"))
-    if built:
-        if _local_rank() != 0:  # one copy per node: wait for local rank 0's atomic rename
-            from pytorchtricks.bench.measure import Deadline
-
-            deadline = Deadline(wait_s)
-            while not os.path.exists(os.path.join(final, "index.json")):
-                if deadline.expired:
-                    raise PttError(f"waited {wait_s:.0f} s for local rank 0 to build the cache at {final}.")
-                import time
-
-                time.sleep(0.5)  # a pause, not a clock read
-            return CachedDataset(final)
-        need = _estimate(dataset, size, sample, 0)
-        limit = _free_bytes(cache_dir) if budget is None else min(int(budget), _free_bytes(cache_dir))
-        if need * SAFETY > limit:
-            msg = (
-                f"cache_in_ram refused: about {need / 2**30:.2f} GiB needed (x{SAFETY} margin) but "
-                f"{limit / 2**30:.2f} GiB allowed in {cache_dir}; using the dataset uncached. Lower size=, raise "
-                "budget=, or pass cache_dir= on a local disk."
-            )
-            if strict:
-                raise PttError(msg)
-            warnings.warn(msg, NoEffectWarning, stacklevel=2)
-            return dataset
-        workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
-        try:
-            _build(dataset, size, final, workers, limit, _source(dataset, key))
-        except MemoryError as exc:
-            if strict:
-                raise PttError(
-                    f"cache_in_ram: {exc}; the sample underestimated. Raise budget= or lower size=."
-                ) from exc
-            warnings.warn(
-                f"cache_in_ram gave up: {exc}; using the dataset uncached.", NoEffectWarning, stacklevel=2
-            )
-            return dataset
-    cached = CachedDataset(final)
-    if _local_rank() == 0:  # said once per node, by the rank that builds: the others map the same arena
-        _say_where(cached, built, cache_dir)
+    if verify not in ("auto", "full", "sample", "none"):
+        raise PttError(f"verify={verify!r}: use 'auto', 'full', 'sample' or 'none'.")
+    asked = os.path.abspath(cache_dir or DEFAULT_DIR)
+    root = private_root(asked)
+    if root != asked:
+        warnings.warn(
+            f"cache_in_ram does not trust {asked} (another user owns it or may write it): arenas go to {root}.",
+            PttWarning,
+            stacklevel=2,
+        )
+    content = _content(dataset, size, key)
+    final = os.path.join(root, content[:16])
+    cached, built = _open(final, verify, content, discard_bad=False), False
+    if cached is None:
+        with build_lock(root, content[:16], wait_s):
+            cached = _open(final, verify, content, discard_bad=True)  # a builder may have finished meanwhile
+            if cached is None:
+                clear_builds(root, content[:16])  # ours to delete: we hold the lock, their builders are dead
+                if not _admit_and_build(
+                    dataset, size, final, budget, num_workers, sample, strict, key, content
+                ):
+                    return dataset
+                cached, built = CachedDataset(final, verify="none", content=content), True
+    if _local_rank() == 0:  # said once per node, by local rank 0: the others map the same arena
+        _say_where(cached, built, root)
     return cached
+
+
+def _admit_and_build(
+    dataset: Any,
+    size: int | None,
+    final: str,
+    budget: int | None,
+    num_workers: int | None,
+    sample: int,
+    strict: bool,
+    key: str | None,
+    content: str,
+) -> bool:
+    """Build the arena at ``final`` when the estimate fits; False (after warning) when the dataset stays uncached."""
+    root = os.path.dirname(final)
+    need = _estimate(dataset, size, sample, 0)
+    limit = _free_bytes(root) if budget is None else min(int(budget), _free_bytes(root))
+    if need * SAFETY > limit:
+        msg = (
+            f"cache_in_ram refused: about {need / 2**30:.2f} GiB needed (x{SAFETY} margin) but "
+            f"{limit / 2**30:.2f} GiB allowed in {root}; using the dataset uncached. Lower size=, raise "
+            "budget=, or pass cache_dir= on a local disk."
+        )
+        if strict:
+            raise PttError(msg)
+        warnings.warn(msg, NoEffectWarning, stacklevel=3)
+        return False
+    workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    try:
+        _build(dataset, size, final, workers, limit, _source(dataset, key), content)
+    except MemoryError as exc:
+        if strict:
+            raise PttError(
+                f"cache_in_ram: {exc}; the sample underestimated. Raise budget= or lower size=."
+            ) from exc
+        warnings.warn(
+            f"cache_in_ram gave up: {exc}; using the dataset uncached.", NoEffectWarning, stacklevel=3
+        )
+        return False
+    return True
 
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:

@@ -239,6 +239,12 @@ def make_loader(
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
+        raise PttError(
+            "make_loader reads the stored records (read_raw) and decodes, crops and flips them itself, so this "
+            "dataset's transform= would not run: make it without transform= and give crop/scale/ratio/flip to "
+            "make_loader, or iterate it with a plain DataLoader to keep your transform."
+        )
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     if not iterable and not hasattr(dataset, "__len__"):
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")

@@ -7,6 +7,9 @@ When: datasets of many small images read for several epochs, network or spinning
 workers, or DDP ranks that must split samples exactly.
 Caveats: ``--raw`` trades disk (about 10x a JPEG) for no decode at all; resizing at pack time fixes the largest
 resolution you can train at; tar shards are sequential (use ShardStream), ptt and lmdb allow random access.
+Hostile input is listed in the manifest's ``rejects`` with the reason, never packed or waited on: FIFOs and devices,
+images whose header declares more than ``max_pixels`` (178.9 MP), hidden or misplaced files; a killed pack (or a
+killed worker: the pack fails at once) resumes byte-identically when the same command is run again.
 See also: ShardDataset, ShardStream, decode_image, 预处理提速 / IO 提速.
 """
 

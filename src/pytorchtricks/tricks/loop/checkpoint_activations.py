@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pytorchtricks.bench.measure import SavedTensorMeter, peak_memory
+from pytorchtricks.clock import SavedTensorMeter, peak_memory
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tricks._cases import train_step_case

@@ -734,7 +734,7 @@ def rounding_sqnr_db(gm: Any, example: tuple[Any, ...]) -> float:
     Every activation quantize/dequantize pair becomes the identity (weights stay int8): what remains is the noise
     the int8 activations themselves add, the yardstick for how far two faithful evaluations of the graph can differ.
     """
-    from pytorchtricks.analysis.safety import sqnr_db
+    from pytorchtricks.safety import sqnr_db
 
     qd = torch.ops.quantized_decomposed
     act_ops = (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)
@@ -762,7 +762,7 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None =
     set by the int8 step sizes of this graph, not by a machine. ``min_sqnr_db`` sets a floor instead. Raises
     ``PlanUnsupported`` naming the first node it cannot lower, or the failed check.
     """
-    from pytorchtricks.analysis.safety import sqnr_db
+    from pytorchtricks.safety import sqnr_db
 
     lib = _load()
     if not example or not all(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in example):

@@ -76,7 +76,7 @@ def distill_(
 
     SGD with momentum and a one-cycle schedule (``bench.fashion_mnist.train``); the teacher is frozen in eval mode.
     """
-    from pytorchtricks.bench.fashion_mnist import train
+    from pytorchtricks.fashion_mnist import train
 
     teacher.eval()
     for p in teacher.parameters():
@@ -102,7 +102,7 @@ def distill_(
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """One training step of a small CNN: plain cross-entropy vs distillation (adds the teacher forward)."""
-    from pytorchtricks.bench.workloads import small_cnn
+    from pytorchtricks.fixtures import small_cnn
 
     width, batch = (16, 32) if size == "smoke" else (32, 128)
     torch.manual_seed(0)

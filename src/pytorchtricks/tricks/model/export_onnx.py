@@ -86,7 +86,7 @@ def export_onnx(
     require("onnxscript", "infer")
     if model.training:
         raise PttError("export_onnx needs model.eval() (BN statistics and dropout are baked into the graph).")
-    from pytorchtricks.analysis.safety import check_transform, reference_outputs
+    from pytorchtricks.safety import check_transform, reference_outputs
 
     example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
     dynamic_shapes = None
@@ -178,7 +178,7 @@ def quantize_onnx_static(
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Eager PyTorch fp32 vs the same small CNN in ONNX Runtime fp32 (CPU)."""
-    from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
+    from pytorchtricks.fixtures import randomize_bn_, small_cnn
 
     if device != "cpu":
         raise PttError("export_onnx benchmarks ONNX Runtime on CPU; use --device cpu.")

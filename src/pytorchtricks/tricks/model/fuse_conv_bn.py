@@ -120,7 +120,7 @@ def fuse_conv_bn_(
     counts: dict[int, int] = {}
     ndims: dict[int, int] = {}
     if example_inputs is not None:
-        from pytorchtricks.analysis.safety import reference_outputs
+        from pytorchtricks.safety import reference_outputs
 
         ref = reference_outputs(model, example_inputs)
         counts, ndims = runtime_calls(model, example_inputs)
@@ -170,7 +170,7 @@ def fuse_conv_bn_(
             stacklevel=2,
         )
     if ref is not None and check:
-        from pytorchtricks.analysis.safety import check_transform
+        from pytorchtricks.safety import check_transform
 
         report = check_transform(model, example_inputs, ref, step="fuse_conv_bn", max_abs_diff=atol)
         model.__dict__["ptt_safety_report"] = report
@@ -179,7 +179,7 @@ def fuse_conv_bn_(
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Eager ResNet-style small CNN with randomized BN vs the same net with BN folded."""
-    from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
+    from pytorchtricks.fixtures import randomize_bn_, small_cnn
 
     width, hw, batch = (16, 32, 8) if size == "smoke" else (64, 64, 16)
     torch.manual_seed(0)

@@ -197,7 +197,7 @@ def prune_unstructured_(model: nn.Module, amount: float) -> nn.Module:
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """ResNet-style CNN vs the same net with 50% of its channels physically removed (output shape unchanged)."""
-    from pytorchtricks.bench.workloads import randomize_bn_, small_cnn
+    from pytorchtricks.fixtures import randomize_bn_, small_cnn
 
     width, hw, batch = (32, 32, 8) if size == "smoke" else (64, 64, 16)
     torch.manual_seed(0)

@@ -417,7 +417,7 @@ def quantize_(
         return _prepare_qat(model, example, reduce_range)
     if model.training and mode != "qat_convert":
         raise PttError(f"quantize_({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
-    from pytorchtricks.analysis.safety import check_transform, reference_outputs
+    from pytorchtricks.safety import check_transform, reference_outputs
 
     if mode == "qat_convert":
         if not isinstance(model, torch.fx.GraphModule):
@@ -537,7 +537,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     treated = quantize_(copy.deepcopy(base), x, "int8_dynamic")
 
     def check(a: torch.Tensor, b: torch.Tensor) -> None:
-        from pytorchtricks.analysis.safety import sqnr_db
+        from pytorchtricks.safety import sqnr_db
 
         if sqnr_db(a, b) < 20:
             raise AssertionError(f"dynamic int8 SQNR {sqnr_db(a, b):.1f} dB < 20 dB")

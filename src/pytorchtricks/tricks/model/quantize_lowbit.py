@@ -202,7 +202,7 @@ def _fold_one(layer: Any, bn: Any) -> None:
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Training step of a small CNN: fp32 vs 4-bit DoReFa fake quantization (the cost of simulating low bits)."""
-    from pytorchtricks.bench.workloads import small_cnn
+    from pytorchtricks.fixtures import small_cnn
 
     width, batch = (16, 32) if size == "smoke" else (32, 128)
     torch.manual_seed(0)

@@ -48,7 +48,7 @@ def reparameterize_(
         raise PttError("reparameterize_ needs model.eval(): BN statistics are folded into the deploy conv.")
     ref = None
     if example_inputs is not None and check:
-        from pytorchtricks.analysis.safety import reference_outputs
+        from pytorchtricks.safety import reference_outputs
 
         ref = reference_outputs(model, example_inputs)
     n = 0
@@ -73,7 +73,7 @@ def reparameterize_(
             stacklevel=2,
         )
     if ref is not None:
-        from pytorchtricks.analysis.safety import check_transform
+        from pytorchtricks.safety import check_transform
 
         report = check_transform(model, example_inputs, ref, step="reparameterize", max_abs_diff=atol)
         model.__dict__["ptt_safety_report"] = report
@@ -82,7 +82,7 @@ def reparameterize_(
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """A RepVGG-A0-shaped net: train form (3 branches per block) vs deploy form (one 3x3 conv per block)."""
-    from pytorchtricks.bench.workloads import randomize_bn_
+    from pytorchtricks.fixtures import randomize_bn_
 
     widths, depths, hw, batch = ((16, 32, 64, 128), (1, 2, 2, 1), 64, 4)
     if size != "smoke":

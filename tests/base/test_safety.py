@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytorchtricks.analysis.safety import SafetyError, check_transform, reference_outputs, sqnr_db
+from pytorchtricks.safety import SafetyError, check_transform, reference_outputs, sqnr_db
 
 
 class MutatesInput(nn.Module):
