@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display, preserved_state
 from pytorchtricks.analysis.flops import count_flops
-from pytorchtricks.analysis.lint_rules import RULES, Finding, LintContext, fmt_bytes
+from pytorchtricks.analysis.lint_rules import RULES, Finding, LintContext, fmt_bytes, stamp
 from pytorchtricks.core import PttError
 
 __all__ = ["FixReport", "LintReport", "apply_lint_fixes_", "lint"]
@@ -196,9 +196,9 @@ def lint(
         batch_size=batch_size,
     )
     findings: list[Finding] = []
-    for rule_id, (_, fn) in RULES.items():
-        if rules is None or rule_id in rules:
-            findings.extend(fn(ctx))
+    for r in RULES.values():
+        if rules is None or r.id in rules:
+            findings.extend(stamp(r, r.check(ctx)))
     return LintReport(
         findings=findings,
         model=type(model).__name__,
@@ -239,34 +239,11 @@ def apply_lint_fixes_(model: nn.Module, example_inputs: Any, *, phase: str = "tr
     before = lint(model, example_inputs, phase=phase)
     applied: list[str] = []
     skipped: list[str] = []
-    reused = [f for f in before.findings if f.id == "PTL010"]
-    if reused:
-        if all(f.fixable for f in reused):
-            from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
-
-            unshare_modules_(model)
-            applied.append(
-                f"PTL010 unshare_modules_: {', '.join(f.location for f in reused)} get one copy per call site"
-            )
-        else:
-            skipped.append(
-                "PTL010: a reused module holds weights; unsharing would untie them (do it by hand if meant)"
-            )
-    biased = before.where("PTL001")
-    if biased:
-        from pytorchtricks.tricks.model.remove_conv_bias_before_bn import remove_conv_bias_before_bn_
-
-        remove_conv_bias_before_bn_(model)
-        applied.append(f"PTL001 remove_conv_bias_before_bn_: bias removed from {', '.join(biased)}")
-    if before.where("PTL012") or reused:
-        from pytorchtricks.tricks.model.inplace_activations import (
-            inplace_activations_,
-            safe_inplace_candidates,
-        )
-
-        paths = safe_inplace_candidates(model)
-        if paths:
-            inplace_activations_(model)
-            applied.append(f"PTL012 inplace_activations_: {', '.join(paths)} now inplace=True")
+    # each rule's fix is declared beside it (lint_rules), in rule order: PTL010's unsharing before PTL012
+    for r in RULES.values():
+        if r.fix is not None:
+            done, why_not = r.fix(model, before)
+            applied += done
+            skipped += why_not
     after = lint(model, example_inputs, phase=phase)
     return FixReport(applied=applied, skipped=skipped, before=before, after=after)

@@ -1,4 +1,6 @@
-"""The rules of ``ptt lint``: each a function ``(LintContext) -> list[Finding]`` registered in ``RULES``.
+"""The rules of ``ptt lint``: each a check ``(LintContext) -> list[Finding]`` registered in ``RULES`` by
+``@rule(id, name, fix=...)`` - its id and name stated once there (its findings are ``found(...)``, stamped with
+them), its safe fix beside it.
 
 Costs are estimates from shapes (bytes of memory traffic per forward, parameter bytes) unless a finding says
 ``measured``; ShuffleNetV2's guidelines G1-G4 (Ma et al. 2018) and TRT-ViT's stage rule (Xia et al. 2022) are
@@ -19,7 +21,6 @@ from pytorchtricks.analysis._probe import ModuleTracker, display
 from pytorchtricks.analysis.flops import FlopReport
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 MiB = 2**20
 G4_ELEMENTWISE_SHARE = 0.33  # fire when element-wise ops move over a third of all bytes (ShuffleNetV2: ~0.18)
 G1_EXCESS_SHARE = 0.10  # fire when a 1x1 conv moves >10% more feature-map bytes than the balanced one
@@ -99,16 +100,82 @@ class LintContext:
         return t.element_size() if t is not None else 4
 
 
-Rule = Callable[[LintContext], list[Finding]]
-RULES: dict[str, tuple[str, Rule]] = {}
+Check = Callable[[LintContext], list[Finding]]
+Fix = Callable[[nn.Module, Any], tuple[list[str], list[str]]]  # (model, LintReport) -> (applied, skipped)
 
 
-def rule(rule_id: str, name: str) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        RULES[rule_id] = (name, fn)
+@dataclass(frozen=True)
+class Rule:
+    """One lint rule: its id and name (stated once, here), its check, and its safe fix when it has one."""
+
+    id: str
+    name: str
+    check: Check
+    fix: Fix | None = None
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, name: str, fix: Fix | None = None) -> Callable[[Check], Check]:
+    """Register a check under ``rule_id``/``name``. It returns ``found(...)`` findings, which get the rule's id and
+    name when ``lint`` runs it (``stamp``); ``fix(model, report)`` applies its safe fix (``apply_lint_fixes_``)."""
+
+    def register(fn: Check) -> Check:
+        RULES[rule_id] = Rule(rule_id, name, fn, fix)
         return fn
 
     return register
+
+
+def found(location: str, message: str, cost: str, fix: str, **kw: Any) -> Finding:
+    """A finding of the rule that returns it (its id and name are filled in by ``stamp``)."""
+    return Finding("", "", location, message, cost, fix, **kw)
+
+
+def stamp(r: Rule, findings: list[Finding]) -> list[Finding]:
+    for f in findings:
+        f.id, f.name = r.id, r.name
+    return findings
+
+
+def _fix_conv_bias(model: nn.Module, report: Any) -> tuple[list[str], list[str]]:
+    biased = report.where("PTL001")
+    if not biased:
+        return [], []
+    from pytorchtricks.tricks.model.remove_conv_bias_before_bn import remove_conv_bias_before_bn_
+
+    remove_conv_bias_before_bn_(model)
+    return [f"PTL001 remove_conv_bias_before_bn_: bias removed from {', '.join(biased)}"], []
+
+
+def _fix_reused(model: nn.Module, report: Any) -> tuple[list[str], list[str]]:
+    reused = [f for f in report.findings if f.id == "PTL010"]
+    if not reused:
+        return [], []
+    if not all(f.fixable for f in reused):
+        return [], [
+            "PTL010: a reused module holds weights; unsharing would untie them (do it by hand if meant)"
+        ]
+    from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
+
+    unshare_modules_(model)
+    return [
+        f"PTL010 unshare_modules_: {', '.join(f.location for f in reused)} get one copy per call site"
+    ], []
+
+
+def _fix_inplace(model: nn.Module, report: Any) -> tuple[list[str], list[str]]:
+    """PTL012's fix; also after PTL010's (unsharing a reused ReLU can make its calls safe to run in place)."""
+    if not (report.where("PTL012") or report.where("PTL010")):
+        return [], []
+    from pytorchtricks.tricks.model.inplace_activations import inplace_activations_, safe_inplace_candidates
+
+    paths = safe_inplace_candidates(model)
+    if not paths:
+        return [], []
+    inplace_activations_(model)
+    return [f"PTL012 inplace_activations_: {', '.join(paths)} now inplace=True"], []
 
 
 def fmt_bytes(n: float) -> str:
@@ -117,34 +184,31 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} B"
 
 
-@rule("PTL001", "conv-bias-before-bn")
+@rule("PTL001", "conv-bias-before-bn", fix=_fix_conv_bias)
 def conv_bias_before_bn(ctx: LintContext) -> list[Finding]:
+    from pytorchtricks.tricks._graph import conv_bn_links
+
     out: list[Finding] = []
-    if ctx.graph is None:
-        return out
-    for node in ctx.graph.nodes:
-        conv = ctx.modules.get(node.target) if node.op == "call_module" else None
-        if not isinstance(conv, _CONV) or conv.bias is None or len(node.users) != 1:
+    for lk in conv_bn_links(ctx.model):
+        conv, bias = lk.first, getattr(lk.first, "bias", None)
+        if not isinstance(bias, torch.Tensor):
             continue
-        user = next(iter(node.users))
-        if user.op == "call_module" and isinstance(ctx.modules.get(user.target), _BN):
-            shape = ctx.out_shape(node.target)
-            # the bias add reads + writes the output
-            traffic = ctx.per_forward(2 * math.prod(shape) * ctx.itemsize()) if shape else 0
-            out.append(
-                Finding(
-                    "PTL001",
-                    "conv-bias-before-bn",
-                    node.target,
-                    f"{type(conv).__name__} has a bias but feeds only {user.target} (BatchNorm), which subtracts "
-                    "the channel mean and cancels it.",
-                    f"{conv.bias.numel()} useless parameters and a bias add over the output "
-                    f"(~{fmt_bytes(traffic)} traffic per forward)",
-                    "ptt.remove_conv_bias_before_bn_(model) (exact: bias folded into running_mean), or bias=False",
-                    fixable=True,
-                    cost_bytes=traffic,
-                )
+        shape = ctx.out_shape(lk.first_name)
+        traffic = (
+            ctx.per_forward(2 * math.prod(shape) * ctx.itemsize()) if shape else 0
+        )  # bias add: read + write
+        out.append(
+            found(
+                lk.first_name,
+                f"{type(conv).__name__} has a bias but feeds only {lk.second_name} (BatchNorm), which subtracts "
+                "the channel mean and cancels it.",
+                f"{bias.numel()} useless parameters and a bias add over the output "
+                f"(~{fmt_bytes(traffic)} traffic per forward)",
+                "ptt.remove_conv_bias_before_bn_(model) (exact: bias folded into running_mean), or bias=False",
+                fixable=True,
+                cost_bytes=traffic,
             )
+        )
     return out
 
 
@@ -225,9 +289,7 @@ def channels_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
         waste = 1 - (c_in * c_out) / padded if padded else 0.0
         widths = [c for c, keep in ((c_in, path in fed), (c_out, path in heads)) if not keep and c % 8]
         out.append(
-            Finding(
-                "PTL002",
-                "channels-not-multiple-of-8",
+            found(
                 path,
                 f"{type(m).__name__} {kind} {', '.join(bad)} are not multiples of 8: tensor cores and vector units "
                 "work on blocks of 8 (fp16/bf16) and pad or fall back to slower kernels.",
@@ -245,9 +307,7 @@ def batch_not_multiple_of_8(ctx: LintContext) -> list[Finding]:
     if b is None or b <= 1 or b % 8 == 0:
         return []
     return [
-        Finding(
-            "PTL003",
-            "batch-not-multiple-of-8",
+        found(
             "(input)",
             f"batch size {b} is not a multiple of 8, so matmul/conv tiles over the batch are partly empty.",
             f"up to {1 - b / (math.ceil(b / 8) * 8):.0%} of tile work wasted",
@@ -273,9 +333,7 @@ def g1_unequal_channels(ctx: LintContext) -> list[Finding]:
             continue
         nbytes = ctx.per_forward(excess * n * ctx.itemsize())
         out.append(
-            Finding(
-                "PTL004",
-                "g1-unequal-channels",
+            found(
                 path,
                 f"1x1 conv {c1}->{c2} channels (ratio {max(c1, c2) / min(c1, c2):.1f}); equal widths minimise "
                 "memory access at equal FLOPs (ShuffleNetV2 G1).",
@@ -301,9 +359,7 @@ def g2_group_conv(ctx: LintContext) -> list[Finding]:
         # at equal FLOPs a dense conv has c2/g outputs: MAC excess = spatial * c2 * (1 - 1/g) elements per sample
         nbytes = ctx.per_forward(n * spatial * c2 * (1 - 1 / g) * ctx.itemsize())
         out.append(
-            Finding(
-                "PTL005",
-                "g2-group-conv",
+            found(
                 path,
                 f"grouped conv with {g} groups ({m.in_channels}->{c2}): more groups raise memory access at equal "
                 "FLOPs (ShuffleNetV2 G2).",
@@ -339,9 +395,7 @@ def g3_fragmentation(ctx: LintContext) -> list[Finding]:
         common = _common_prefix(stacks)
         where = common[-1] if common else ""
         out.append(
-            Finding(
-                "PTL006",
-                "g3-fragmentation",
+            found(
                 where,
                 f"one tensor feeds {len(branches)} parallel branches ({', '.join(str(b.target) for b in branches[:5])}): "
                 "many small ops launch and synchronise separately (ShuffleNetV2 G3).",
@@ -382,9 +436,7 @@ def g4_elementwise_traffic(ctx: LintContext) -> list[Finding]:
         key=lambda r: -r.bytes_by_category.get("elementwise", 0),
     )[:3]
     return [
-        Finding(
-            "PTL007",
-            "g4-elementwise-traffic",
+        found(
             "",
             f"element-wise ops (activations, adds, bias) move {ew / total:.0%} of all bytes for "
             f"{ctx.flops.flops_by_category.get('elementwise', 0) / max(ctx.flops.flops, 1):.1%} of the FLOPs "
@@ -409,9 +461,7 @@ def attention_high_resolution(ctx: LintContext) -> list[Finding]:
         seen.add(op["module"])
         score_bytes = ctx.per_forward(op.get("score_elements", 0) * ctx.itemsize())
         out.append(
-            Finding(
-                "PTL008",
-                "attention-high-resolution",
+            found(
                 op["module"],
                 f"attention over {tokens} tokens: its cost grows with tokens^2; TRT-ViT puts convolution in the "
                 "early high-resolution stages and attention in the late ones.",
@@ -436,9 +486,7 @@ def unused_parameters(ctx: LintContext) -> list[Finding]:
     for owner, leaves in owners.items():
         nbytes = sum(params[f"{owner}.{leaf}" if owner else leaf].nbytes for leaf in leaves)
         out.append(
-            Finding(
-                "PTL009",
-                "unused-parameters",
+            found(
                 owner,
                 f"parameter(s) {', '.join(leaves)} require grad but get no gradient from the loss.",
                 f"{fmt_bytes(nbytes)} of weights plus their optimizer state; DDP needs find_unused_parameters=True "
@@ -450,7 +498,7 @@ def unused_parameters(ctx: LintContext) -> list[Finding]:
     return out
 
 
-@rule("PTL010", "module-reused")
+@rule("PTL010", "module-reused", fix=_fix_reused)
 def module_reused(ctx: LintContext) -> list[Finding]:
     out: list[Finding] = []
     for path, calls in ctx.tracker.calls.items():
@@ -459,9 +507,7 @@ def module_reused(ctx: LintContext) -> list[Finding]:
             continue
         stateful = any(True for _ in m.parameters()) or any(True for _ in m.buffers())
         out.append(
-            Finding(
-                "PTL010",
-                "module-reused",
+            found(
                 path,
                 f"{type(m).__name__} instance is called at {calls} sites per forward"
                 + (" and holds weights (weight sharing: intended?)" if stateful else "")
@@ -478,9 +524,7 @@ def module_reused(ctx: LintContext) -> list[Finding]:
 @rule("PTL011", "data-parallel")
 def data_parallel(ctx: LintContext) -> list[Finding]:
     return [
-        Finding(
-            "PTL011",
-            "data-parallel",
+        found(
             path,
             "nn.DataParallel runs one Python thread per GPU, scatters inputs and gathers outputs on GPU 0 every step.",
             "GPU 0 bottleneck and GIL contention; slower than DDP even on one node",
@@ -491,7 +535,7 @@ def data_parallel(ctx: LintContext) -> list[Finding]:
     ]
 
 
-@rule("PTL012", "inplace-activation")
+@rule("PTL012", "inplace-activation", fix=_fix_inplace)
 def inplace_activation(ctx: LintContext) -> list[Finding]:
     if ctx.graph is None:
         return []
@@ -502,9 +546,7 @@ def inplace_activation(ctx: LintContext) -> list[Finding]:
         shape = ctx.out_shape(path)
         nbytes = ctx.per_forward(math.prod(shape) * ctx.itemsize()) if shape else 0
         out.append(
-            Finding(
-                "PTL012",
-                "inplace-activation",
+            found(
                 path,
                 f"{type(ctx.modules[path]).__name__}(inplace=False) whose input is used by nothing else.",
                 f"one extra tensor of {fmt_bytes(nbytes)} allocated per call",
@@ -528,9 +570,7 @@ def grouped_conv_channels_last(ctx: LintContext) -> list[Finding]:
         if weight_cl or path in ctx.grouped_conv_inputs_channels_last:
             kind = "depthwise" if m.groups == m.in_channels else "grouped"
             out.append(
-                Finding(
-                    "PTL013",
-                    "grouped-conv-channels-last",
+                found(
                     path,
                     f"{kind} conv ({m.groups} groups) runs in channels_last; several backends have slow NHWC "
                     "grouped/depthwise kernels.",
@@ -554,9 +594,7 @@ def train_mode_inference(ctx: LintContext) -> list[Finding]:
     if not hits:
         return []
     return [
-        Finding(
-            "PTL014",
-            "train-mode-inference",
+        found(
             "",
             f"the model is in training mode for inference: {len(hits)} BatchNorm/Dropout module(s) (e.g. "
             f"{', '.join(hits[:3])}) use batch statistics and random masks.",

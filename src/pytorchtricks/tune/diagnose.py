@@ -66,33 +66,13 @@ def oversubscribed() -> str | None:
 
 
 def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
-    """Conv layers feeding straight into a BatchNorm: (names of those that carry a bias, number of pairs).
+    """Conv layers feeding straight into a BatchNorm: (names of those that carry a bias, number of pairs), from
+    the one graph-query module (``tricks._graph.conv_bn_links``: torch.fx, piece by piece where the whole does not
+    trace)."""
+    from pytorchtricks.tricks._graph import conv_bn_links
 
-    Traced with torch.fx when the model traces; otherwise module registration order (a chain approximation).
-    """
-    convs = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    bns = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-    pairs: list[tuple[str, nn.Module]] = []
-    try:
-        gm = torch.fx.symbolic_trace(model)
-        mods = dict(gm.named_modules())
-        for node in gm.graph.nodes:
-            if node.op == "call_module" and isinstance(mods.get(node.target), bns):
-                src = node.args[0] if node.args else None
-                if (
-                    isinstance(src, torch.fx.Node)
-                    and src.op == "call_module"
-                    and isinstance(mods.get(src.target), convs)
-                    and len(src.users) == 1
-                ):
-                    pairs.append((str(src.target), mods[src.target]))
-    except Exception:
-        named = list(model.named_modules())
-        for (n1, m1), (_, m2) in zip(named, named[1:]):
-            if isinstance(m1, convs) and isinstance(m2, bns):
-                pairs.append((n1, m1))
-    with_bias = [n for n, m in pairs if getattr(m, "bias", None) is not None]
-    return with_bias, len(pairs)
+    links = conv_bn_links(model)
+    return [lk.first_name for lk in links if getattr(lk.first, "bias", None) is not None], len(links)
 
 
 def data_stages(w: Workload, n: int = 24) -> dict[str, float]:

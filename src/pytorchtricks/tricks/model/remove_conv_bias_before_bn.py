@@ -21,7 +21,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
-from pytorchtricks.tricks.model._successors import successors
+from pytorchtricks.tricks._graph import BATCHNORMS, CONVS, conv_bn_links
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["remove_conv_bias_before_bn_"]
@@ -49,10 +49,6 @@ TUNE = TuneHook(
     fixes="PTL001",
 )
 
-_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
 def remove_conv_bias_before_bn_(model: nn.Module) -> nn.Module:
     """Remove the bias of each conv whose only consumer is a BatchNorm, folding it into ``running_mean``.
 
@@ -64,9 +60,9 @@ def remove_conv_bias_before_bn_(model: nn.Module) -> nn.Module:
         True
     """
     changed = 0
-    for link in successors(model, _CONV):
+    for link in conv_bn_links(model):
         conv, bn = link.first, link.second
-        if not isinstance(conv, _CONV) or not isinstance(bn, _BN):
+        if not isinstance(conv, CONVS) or not isinstance(bn, BATCHNORMS):
             continue
         if conv.bias is None or bn.num_features != conv.out_channels:
             continue

@@ -1,9 +1,17 @@
-"""Helpers shared by the model rewrites: trace the real call graph with torch.fx and count call sites."""
+"""The one place for graph questions about a module: trace the real call graph with torch.fx (piece by piece
+where the whole does not trace), count registrations and call sites, find what consumes a module's output
+(``successors``: "this conv feeds only this BN") and the conv -> BatchNorm pairs (``conv_bn_links``).
+
+Used by the model rewrites (fuse, remove_conv_bias, unshare, prune, low-bit), the loop's to_inplace_abn, lint
+(PTL001) and tune's diagnosis. Not a trick (leading underscore). Where the model does not trace, consumers come
+from the adjacency of ``nn.Sequential`` children, which is exactly the call order there.
+"""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -108,3 +116,86 @@ def parent_of(root: nn.Module, qualname: str) -> tuple[nn.Module, str]:
         parent, leaf = qualname.rsplit(".", 1)
         return root.get_submodule(parent), leaf
     return root, qualname
+
+
+@dataclass
+class Link:
+    """``first`` (at ``first_name``) feeds ``second`` (at ``second_name``) and nothing else; None if unknown."""
+
+    first_name: str
+    first: nn.Module
+    second_name: str | None
+    second: nn.Module | None
+
+
+def successors(model: nn.Module, first_types: tuple[type, ...]) -> list[Link]:
+    """Every submodule of ``first_types`` with its sole consumer module (when there is exactly one)."""
+    regs = registrations(model)
+    links: dict[int, Link] = {}
+    _walk(model, "", first_types, regs, links)
+    return list(links.values())
+
+
+def _walk(
+    mod: nn.Module, prefix: str, types: tuple[type, ...], regs: dict[int, int], out: dict[int, Link]
+) -> None:
+    if isinstance(mod, types):
+        out.setdefault(id(mod), Link(prefix.rstrip("."), mod, None, None))
+        return
+    if not any(isinstance(m, types) for m in mod.modules()):
+        return
+    try:
+        gm = trace(mod)
+    except PttError:
+        gm = None
+    if gm is not None:
+        _from_graph(mod, gm, prefix, types, regs, out)
+        return
+    if isinstance(mod, nn.Sequential):
+        kids = list(mod.named_children())
+        for (na, a), (nb, b) in zip(kids, kids[1:]):
+            if isinstance(a, types) and regs.get(id(a), 0) == 1 and regs.get(id(b), 0) == 1:
+                out[id(a)] = Link(f"{prefix}{na}", a, f"{prefix}{nb}", b)
+    for name, child in mod.named_children():
+        _walk(child, f"{prefix}{name}.", types, regs, out)
+
+
+def _from_graph(
+    root: nn.Module, gm: fx.GraphModule, prefix: str, types: tuple[type, ...], regs: dict[int, int], out: dict
+) -> None:
+    calls: dict[int, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            m = root.get_submodule(node.target)
+            calls[id(m)] = calls.get(id(m), 0) + 1
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        a = root.get_submodule(node.target)
+        if not isinstance(a, types):
+            continue
+        link = Link(prefix + str(node.target), a, None, None)
+        users = list(node.users)
+        once = calls[id(a)] == 1 and regs.get(id(a), 0) == 1
+        if once and len(users) == 1 and users[0].op == "call_module" and users[0].args[:1] == (node,):
+            b = root.get_submodule(users[0].target)
+            if calls[id(b)] == 1 and regs.get(id(b), 0) == 1:
+                link = Link(link.first_name, a, prefix + str(users[0].target), b)
+        if not once:
+            link.second = link.second_name = None
+        out[id(a)] = link
+
+
+def set_submodule(root: nn.Module, qualname: str, new: nn.Module) -> None:
+    """Replace the submodule at ``qualname`` (keeps the name, so state_dict keys stay the same)."""
+    parent = root.get_submodule(qualname.rsplit(".", 1)[0]) if "." in qualname else root
+    setattr(parent, qualname.rsplit(".", 1)[-1], new)
+
+
+CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def conv_bn_links(model: nn.Module) -> list[Link]:
+    """Every convolution whose output feeds one BatchNorm and nothing else (called once each)."""
+    return [lk for lk in successors(model, CONVS) if isinstance(lk.second, BATCHNORMS)]
