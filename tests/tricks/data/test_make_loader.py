@@ -333,3 +333,23 @@ def test_a_shard_datasets_transform_is_refused_and_on_error_skip_is_honoured(pac
     assert ids == good[:5] + good[6:]
     with pytest.raises(ShardError, match="CRC"):
         _ids(make_loader(ShardDataset(str(bad), decode=None), 4, **kw))
+
+
+def test_make_loader_returns_one_type_and_a_device_loader_prefetches(jpegs):
+    """Whatever the device, make_loader returns a Loader (len, set_epoch, dropped_per_epoch); given a device
+    its batches come through prefetch_to_device - the same batches (checked here on the CPU path of it)."""
+    import torch
+
+    from pytorchtricks.tricks.data.make_loader import Loader
+
+    plain = make_loader(jpegs, 4, crop=32, num_workers=0, seed=1)
+    assert isinstance(plain, Loader) and plain.device is None
+    ahead = make_loader(jpegs, 4, crop=32, num_workers=0, seed=1)
+    ahead.device = torch.device("cpu")  # what make_loader sets for a CUDA device; the CPU prefetch path here
+    for epoch in (0, 1):
+        plain.set_epoch(epoch)
+        ahead.set_epoch(epoch)
+        a, b = list(plain), list(ahead)
+        assert len(a) == len(b) == len(plain) and all(
+            torch.equal(x, y) and torch.equal(u, v) for (x, u), (y, v) in zip(a, b, strict=True)
+        )

@@ -33,7 +33,7 @@ def test_resnet18_exact_and_all_bn_gone() -> None:
     torch.manual_seed(0)
     fused = _check_exact(tvm.resnet18(weights=None), torch.randn(2, 3, 64, 64))
     assert _bns(fused) == 0
-    assert fused.ptt_safety_report.ok
+    assert "ptt_safety_report" not in fused.__dict__  # checked (a failure raises), not stored on the model
 
 
 class ReusedRelu(nn.Module):
@@ -173,3 +173,21 @@ def test_partly_shared_warns_naming_unshare_then_folds_everything_after_it() -> 
         warnings.simplefilter("ignore")  # the copied conv's weights are untied: fine for inference
         model = ptt.unshare_modules_(randomize_bn_(OneSharedPair()).eval())
     assert _bns(_check_exact(model, x)) == 0  # the second call site has its own conv now: every BN folds
+
+
+def test_a_wrong_fold_raises_safety_error_with_its_report(monkeypatch) -> None:
+    """The check is what stands behind the result: a fold that changes the outputs raises, with the numbers."""
+    from pytorchtricks.safety import SafetyError
+    from pytorchtricks.tricks.model import fuse_conv_bn as mod
+
+    real = mod.fold_bn_into_
+
+    def off_by_one(layer, bn):
+        real(layer, bn)
+        with torch.no_grad():
+            layer.bias.add_(1.0)
+
+    monkeypatch.setattr(mod, "fold_bn_into_", off_by_one)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).eval()
+    with pytest.raises(SafetyError, match="max abs diff|differ|SQNR"):
+        ptt.fuse_conv_bn_(m, torch.randn(2, 3, 8, 8))

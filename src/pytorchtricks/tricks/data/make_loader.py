@@ -144,6 +144,8 @@ class Loader:
 
     ``dropped_per_epoch``: samples no rank sees in an epoch because of ``drop_last`` (``None`` for a stream with
     drop_last, which splits itself and does not know its length). ``mode``: ``"train"`` or ``"eval"``.
+    ``device``: where the batches arrive (``None``: where the workers made them, host memory); on another device
+    each epoch's batches come through ``prefetch_to_device`` (pinned memory, side-stream copies, ahead of use).
     """
 
     def __init__(
@@ -154,9 +156,10 @@ class Loader:
         *,
         mode: Mode = "train",
         dropped_per_epoch: int | None = 0,
+        device: torch.device | None = None,
     ) -> None:
         self.dataloader, self._source, self.batch_size = dataloader, source, batch_size
-        self.mode, self.dropped_per_epoch = mode, dropped_per_epoch
+        self.mode, self.dropped_per_epoch, self.device = mode, dropped_per_epoch, device
         self.epoch = 0
         self._explicit_epoch = False
 
@@ -175,7 +178,21 @@ class Loader:
         if not self._explicit_epoch:
             self.epoch += 1
         self._explicit_epoch = False
-        return it
+        if self.device is None:
+            return it
+        from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
+
+        return iter(prefetch_to_device(_Started(it), self.device))
+
+
+class _Started:
+    """An iterator already begun (its epoch fixed), as the iterable ``prefetch_to_device`` takes."""
+
+    def __init__(self, it: Iterator[Batch]) -> None:
+        self.it = it
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.it
 
 
 def make_loader(
@@ -200,8 +217,8 @@ def make_loader(
     world_size: int | None = None,
     backend: str = "auto",
     scaled_decode: bool = True,
-) -> Any:
-    """Batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
+) -> Loader:
+    """A ``Loader`` of batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
 
     ``mode="train"`` (default): RandomResizedCrop (``scale``, default (0.08, 1); ``ratio``, default (3/4, 4/3)),
     random flip, a reshuffle per epoch, ``drop_last`` (full batches only; warns ``PttWarning`` once with how many
@@ -273,12 +290,10 @@ def make_loader(
         pin_memory=(dev is not None and dev.type == "cuda") if pin_memory is None else pin_memory,
         **kwargs,
     )
-    loader = Loader(dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped)
-    if dev is not None and dev.type != "cpu":
-        from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
-
-        return prefetch_to_device(loader, dev)
-    return loader
+    on_device = dev if dev is not None and dev.type != "cpu" else None
+    return Loader(
+        dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device
+    )
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:

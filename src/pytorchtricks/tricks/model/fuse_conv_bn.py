@@ -107,7 +107,7 @@ def fuse_conv_bn_(
 
     With ``example_inputs``, modules are also counted on a real forward (any module called twice is left
     alone), Linear->BN pairs can be folded, and a safety check compares outputs (``atol``) and guards the
-    caller's inputs; its ``SafetyReport`` is stored on ``model.ptt_safety_report``.
+    caller's inputs: a failure raises ``SafetyError`` with its report (nothing is stored on the model).
 
     Example:
         >>> m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).eval()
@@ -172,8 +172,7 @@ def fuse_conv_bn_(
     if ref is not None and check:
         from pytorchtricks.safety import check_transform
 
-        report = check_transform(model, example_inputs, ref, step="fuse_conv_bn", max_abs_diff=atol)
-        model.__dict__["ptt_safety_report"] = report
+        check_transform(model, example_inputs, ref, step="fuse_conv_bn", max_abs_diff=atol)  # raises SafetyError
     return model
 
 

@@ -35,14 +35,15 @@ def reparameterize_(
 ) -> nn.Module:
     """Switch every re-parameterizable block of ``model`` to its deploy form, in place; returns ``model``.
 
-    With ``example_inputs`` a safety check compares outputs before/after (``atol``) and guards the caller's inputs;
-    the ``SafetyReport`` is stored on ``model.ptt_safety_report``.
+    With ``example_inputs`` a safety check compares outputs before/after (``atol``) and guards the caller's inputs:
+    a failure raises ``SafetyError`` with its report (nothing is stored on the model; ``ptt.check_transform`` gives
+    the report itself).
 
     Example:
         >>> net = nn.Sequential(ptt.RepVGGBlock(3, 8), ptt.RepVGGBlock(8, 8)).eval()
         >>> net = ptt.reparameterize_(net, torch.randn(1, 3, 8, 8))
-        >>> type(net[1].reparam).__name__, net.ptt_safety_report.ok
-        ('Conv2d', True)
+        >>> type(net[1].reparam).__name__
+        'Conv2d'
     """
     if model.training:
         raise PttError("reparameterize_ needs model.eval(): BN statistics are folded into the deploy conv.")
@@ -75,8 +76,7 @@ def reparameterize_(
     if ref is not None:
         from pytorchtricks.safety import check_transform
 
-        report = check_transform(model, example_inputs, ref, step="reparameterize", max_abs_diff=atol)
-        model.__dict__["ptt_safety_report"] = report
+        check_transform(model, example_inputs, ref, step="reparameterize", max_abs_diff=atol)  # raises SafetyError
     return model
 
 
