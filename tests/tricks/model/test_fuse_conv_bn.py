@@ -189,5 +189,5 @@ def test_a_wrong_fold_raises_safety_error_with_its_report(monkeypatch) -> None:
 
     monkeypatch.setattr(mod, "fold_bn_into_", off_by_one)
     m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).eval()
-    with pytest.raises(SafetyError, match="max abs diff|differ|SQNR"):
+    with pytest.raises(SafetyError, match=r"max abs diff|differ|SQNR"):
         ptt.fuse_conv_bn_(m, torch.randn(2, 3, 8, 8))
