@@ -172,7 +172,9 @@ def fuse_conv_bn_(
     if ref is not None and check:
         from pytorchtricks.safety import check_transform
 
-        check_transform(model, example_inputs, ref, step="fuse_conv_bn", max_abs_diff=atol)  # raises SafetyError
+        check_transform(
+            model, example_inputs, ref, step="fuse_conv_bn", max_abs_diff=atol
+        )  # raises SafetyError
     return model
 
 

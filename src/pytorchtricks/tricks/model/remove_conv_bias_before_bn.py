@@ -49,6 +49,7 @@ TUNE = TuneHook(
     fixes="PTL001",
 )
 
+
 def remove_conv_bias_before_bn_(model: nn.Module) -> nn.Module:
     """Remove the bias of each conv whose only consumer is a BatchNorm, folding it into ``running_mean``.
 

@@ -76,7 +76,9 @@ def reparameterize_(
     if ref is not None:
         from pytorchtricks.safety import check_transform
 
-        check_transform(model, example_inputs, ref, step="reparameterize", max_abs_diff=atol)  # raises SafetyError
+        check_transform(
+            model, example_inputs, ref, step="reparameterize", max_abs_diff=atol
+        )  # raises SafetyError
     return model
 
 
