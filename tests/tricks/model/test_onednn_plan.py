@@ -21,6 +21,7 @@ from pytorchtricks.safety import sqnr_db
 from pytorchtricks.tricks.model import _onednn_plan
 from pytorchtricks.tricks.model._onednn_plan import (
     PlanUnsupported,
+    binding,
     build_plan,
     onednn_available,
     rounding_sqnr_db,
@@ -250,10 +251,10 @@ def test_plan_refuses_what_it_does_not_lower_and_wrong_shapes() -> None:
 
 
 def test_missing_library_says_how_to_install(monkeypatch) -> None:
-    monkeypatch.setattr(_onednn_plan, "_LIB", None)
-    monkeypatch.setattr(_onednn_plan.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(binding, "_LIB", None)
+    monkeypatch.setattr(binding.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(PlanUnsupported, match="apt-get install libdnnl2"):
-        _onednn_plan._load()
+        binding._load()
     assert not onednn_available()
 
 
@@ -286,8 +287,8 @@ def test_quantize_onednn_runs_the_plan_per_thread_count_and_falls_back_for_other
 def test_quantize_onednn_without_the_library_warns_and_keeps_the_compiled_path(monkeypatch) -> None:
     from pytorchtricks.core import NoEffectWarning
 
-    monkeypatch.setattr(_onednn_plan, "_LIB", None)
-    monkeypatch.setattr(_onednn_plan.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(binding, "_LIB", None)
+    monkeypatch.setattr(binding.ctypes.util, "find_library", lambda name: None)
     torch.manual_seed(0)
     model = randomize_bn_(ResNetLike()).eval()
     x = torch.randn(2, 3, 32, 32)

@@ -1,0 +1,432 @@
+"""Lowering a PT2E static-int8 graph to an ``OnednnPlan``, op by op, and checking the plan against the graph."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from pytorchtricks.tricks.model._onednn_plan.binding import (
+    ELTWISE_CLIP,
+    ELTWISE_GELU_ERF,
+    ELTWISE_GELU_TANH,
+    ELTWISE_HARDSWISH,
+    ELTWISE_RELU,
+    ELTWISE_SWISH,
+    PlanUnsupported,
+    _load,
+)
+from pytorchtricks.tricks.model._onednn_plan.executor import (
+    _DQ,
+    OnednnPlan,
+    _FloatIn,
+    _Pending,
+    _QValue,
+    _Weight,
+)
+
+
+# -- lowering a PT2E graph ------------------------------------------------------------------------------------------
+def _qparams(node: Any) -> tuple[float, int, int, int, Any]:
+    scale, zp, qmin, qmax, dtype = node.args[1:6]
+    return float(scale), int(zp), int(qmin), int(qmax), dtype
+
+
+def _act_qparams(node: Any) -> tuple[float, int, int]:
+    """(scale, zero point, qmax) of a uint8 activation quantize: 0..255, or 0..127 with reduce_range."""
+    scale, zp, qmin, qmax, dtype = _qparams(node)
+    if dtype != torch.uint8 or qmin != 0 or not 0 < qmax <= 255 or not 0 <= zp <= qmax:
+        raise PlanUnsupported(f"{node.name}: activations quantized to {dtype} [{qmin}, {qmax}] (uint8 only)")
+    return scale, zp, qmax
+
+
+def saturation_risk(qmax: int) -> str | None:
+    """Why this CPU's u8 x s8 kernels cannot compute int8 activations in 0..qmax exactly; None when they can.
+
+    Without VNNI (``cpu_caps().vnni``) oneDNN's AVX2 int8 kernels multiply with ``vpmaddubsw``, which adds each pair
+    of u8 x s8 products into int16 with saturation: exact while 2 * qmax * 128 <= 32767, i.e. qmax <= 127.
+    """
+    from pytorchtricks.hardware import cpu_caps
+
+    caps = cpu_caps()
+    if caps.vnni or 2 * qmax * 128 <= 32767:
+        return None
+    return (
+        f"activations in 0..{qmax} on a CPU without VNNI ({caps.cpu_class}): oneDNN's AVX2 u8 x s8 kernels add "
+        f"pairs of products into int16 and saturate (2 x {qmax} x 128 > 32767), so the plan would not compute "
+        "the int8 graph; quantize with reduce_range=True (quantize_'s default on this CPU)"
+    )
+
+
+def _attr_of(gm: Any, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _pool_params(kind: str, node: Any, src: _QValue) -> tuple[dict[str, Any], tuple[int, ...]]:
+    n, c, h, w = src.dims
+    if kind == "maxpool":
+        a = list(node.args) + [None] * 6
+        kernel = list(a[1])
+        kernel = kernel * 2 if len(kernel) == 1 else kernel
+        stride = list(a[2]) if a[2] else kernel
+        stride = stride * 2 if len(stride) == 1 else stride
+        padding = list(a[3]) if a[3] is not None else [0, 0]
+        padding = padding * 2 if len(padding) == 1 else padding
+        dilation = list(a[4]) if a[4] is not None else [1, 1]
+        dilation = dilation * 2 if len(dilation) == 1 else dilation
+        if a[5]:
+            raise PlanUnsupported("max_pool2d with ceil_mode=True")
+        outs, pad_r = [], []
+        for size, k, s, p, d in zip((h, w), kernel, stride, padding, dilation, strict=True):
+            o = (size + 2 * p - d * (k - 1) - 1) // s + 1
+            outs.append(o)
+            pad_r.append((o - 1) * s + d * (k - 1) + 1 - size - p)
+        params = {"kernel": kernel, "stride": stride, "pad_l": padding, "pad_r": pad_r, "dilation": dilation}
+        return params, (n, c, outs[0], outs[1])
+    oh, ow = (list(node.args[1]) * 2)[:2] if len(node.args[1]) == 1 else list(node.args[1])
+    if h % oh or w % ow:
+        raise PlanUnsupported(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} (windows must be whole)")
+    kernel = [h // oh, w // ow]
+    params = {"kernel": kernel, "stride": kernel, "pad_l": [0, 0], "pad_r": [0, 0], "dilation": [1, 1]}
+    return params, (n, c, oh, ow)
+
+
+def rounding_sqnr_db(gm: Any, example: tuple[Any, ...]) -> float:
+    """SQNR of the int8 graph's outputs against the same graph with its activation rounding taken out.
+
+    Every activation quantize/dequantize pair becomes the identity (weights stay int8): what remains is the noise
+    the int8 activations themselves add, the yardstick for how far two faithful evaluations of the graph can differ.
+    """
+    from pytorchtricks.safety import sqnr_db
+
+    qd = torch.ops.quantized_decomposed
+    act_ops = (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)
+
+    class _Unrounded(torch.fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if target in act_ops and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                return args[0]
+            return super().call_function(target, args, kwargs)
+
+    with torch.no_grad():
+        rounded, unrounded = gm(*example), _Unrounded(gm).run(*example)
+    return float(sqnr_db(_flat(unrounded), _flat(rounded)))
+
+
+def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None = None) -> OnednnPlan:
+    """Lower a converted PT2E int8 graph module to a ``OnednnPlan`` for ``example``'s shapes.
+
+    The plan is checked against the graph it replaces on ``example``. Where the kernels can represent every sum
+    (VNNI, or 7-bit activations: ``saturation_risk``, refused otherwise) the two compute the same integers and
+    differ only where float32 rounding of a scale puts a value on the other side of a rounding step (one step, on
+    one element in 10^4 or fewer); through a deep net such flips spread until the plan is at worst another rounding of
+    the same values. Its distance from the graph is then at most its own rounding error plus the graph's (triangle
+    inequality): twice the graph's in amplitude, so the default floor is 6 dB below ``rounding_sqnr_db`` - a floor
+    set by the int8 step sizes of this graph, not by a machine. ``min_sqnr_db`` sets a floor instead. Raises
+    ``PlanUnsupported`` naming the first node it cannot lower, or the failed check.
+    """
+    from pytorchtricks.safety import sqnr_db
+
+    lib = _load()
+    if not example or not all(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in example):
+        raise PlanUnsupported("inputs that are not float32 tensors")
+    with torch.no_grad():
+        ref = gm(*example)
+    refs = [ref] if isinstance(ref, torch.Tensor) else list(ref) if isinstance(ref, list | tuple) else None
+    if not refs or not all(isinstance(r, torch.Tensor) for r in refs):
+        raise PlanUnsupported(f"a graph that returns {type(ref).__name__}")
+    _record_shapes(gm, example)
+    plan = OnednnPlan(lib)
+    plan.shapes = tuple(tuple(a.shape) for a in example)
+    plan.n_inputs = len(example)
+    nodes = list(gm.graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    env: dict[Any, Any] = {}
+    qd = torch.ops.quantized_decomposed
+    aten = torch.ops.aten
+    placeholders = 0
+
+    def shape(node: Any) -> tuple[int, ...]:
+        meta = node.meta.get("tensor_meta")
+        if meta is None:
+            raise PlanUnsupported(f"node {node.name} has no tensor shape")
+        return tuple(int(d) for d in meta.shape)
+
+    def need(value: Any, kind: type, node: Any) -> Any:
+        if isinstance(value, _Pending) and kind is not _Pending:
+            raise PlanUnsupported(
+                f"{node.name} ({node.target}) reads the float result of {value.node.name} ({value.kind}), "
+                "which has no int8 form in the graph"
+            )
+        if not isinstance(value, kind):
+            raise PlanUnsupported(
+                f"{node.name} ({node.target}): an input is {type(value).__name__.strip('_')}"
+            )
+        return value
+
+    def hardtanh(node: Any) -> tuple[str, int, float, float]:
+        lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args[1:3]) :])[:2]
+        name = "relu6" if (float(lo), float(hi)) == (0.0, 6.0) else "hardtanh"
+        return (name, ELTWISE_CLIP, float(lo), float(hi))
+
+    def gelu(node: Any) -> tuple[str, int, float, float]:
+        tanh = node.kwargs.get("approximate", "none") == "tanh"
+        return ("gelu", ELTWISE_GELU_TANH if tanh else ELTWISE_GELU_ERF, 0.0, 0.0)
+
+    unary: dict[Any, Any] = {
+        aten.relu.default: lambda n: ("relu", ELTWISE_RELU, 0.0, 0.0),
+        aten.relu_.default: lambda n: ("relu", ELTWISE_RELU, 0.0, 0.0),
+        aten.hardtanh.default: hardtanh,
+        aten.hardtanh_.default: hardtanh,
+        aten.hardswish.default: lambda n: ("hardswish", ELTWISE_HARDSWISH, 0.0, 0.0),
+        aten.hardswish_.default: lambda n: ("hardswish", ELTWISE_HARDSWISH, 0.0, 0.0),
+        aten.silu.default: lambda n: ("silu", ELTWISE_SWISH, 1.0, 0.0),
+        aten.silu_.default: lambda n: ("silu", ELTWISE_SWISH, 1.0, 0.0),
+        aten.gelu.default: gelu,
+    }
+    chain = set(unary) | {  # ops whose primitive is emitted later, at the quantize (or output) that ends them
+        aten.dropout.default,
+        aten.conv2d.default,
+        aten.linear.default,
+        aten.add.Tensor,
+        aten.add_.Tensor,
+        aten.max_pool2d.default,
+        aten.adaptive_avg_pool2d.default,
+        aten.mean.dim,
+        aten.flatten.using_ints,
+    }
+
+    def runs_at(node: Any) -> int:
+        """Position of the node whose lowering emits the primitive that reads for ``node`` (end of its chain)."""
+        while node.op == "call_function" and node.target in chain and len(node.users) == 1:
+            node = next(iter(node.users))
+        return position[node]
+
+    def read_after(q: _QValue, at: int) -> bool:
+        """Does any primitive other than the one emitted at ``at`` read q's buffer at or after ``at``?"""
+        readers = [u for dq in q.node.users for u in dq.users] + list(q.node.users)
+        return any(runs_at(u) >= at for u in readers if runs_at(u) != at)
+
+    def finish(p: _Pending, qnode: Any | None) -> Any:
+        """Materialise a pending op: into a uint8 value (quantize node) or a float32 graph output."""
+        if qnode is not None:
+            scale, zp, qmax = _act_qparams(qnode)
+            dims = shape(qnode)
+            # same parameters and a range that holds the source's: the values pass through unchanged
+            same = (scale, zp) == (p.src.scale, p.src.zero_point) and p.src.qmax <= qmax
+            if p.kind == "flatten":
+                view = _QValue(
+                    p.src.buf, dims, p.src.scale, p.src.zero_point, qnode, view_of=p.src, qmax=p.src.qmax
+                )
+                p.src.views.append(view)
+                if same:
+                    return view
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
+                plan.requantize(view, out)
+                return out
+            if p.kind in ("maxpool", "avgpool"):  # both commute with the affine int8 <-> float map
+                pooled = plan.new_q(dims, p.src.scale, p.src.zero_point, qnode, p.src.qmax)
+                plan.pool(p, pooled)
+                if same:
+                    return pooled
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
+                plan.requantize(pooled, out)
+                return out
+            if len(p.tail.users) != 1:
+                raise PlanUnsupported(f"{p.tail.name}: its float result has several readers")
+            if p.add is not None:
+                res = p.add
+                here = position[qnode]
+                if (
+                    res.view_of is None
+                    and not res.views
+                    and res.buf is not p.src.buf
+                    and not read_after(res, here)
+                ):
+                    out = _QValue(res.buf, dims, scale, zp, qnode, qmax=qmax)  # the sum post-op adds in place
+                else:
+                    out = plan.new_q(dims, scale, zp, qnode, qmax)
+                    plan.copy(res, out)
+            else:
+                out = plan.new_q(dims, scale, zp, qnode, qmax)
+            (plan.conv if p.kind == "conv" else plan.linear)(p, out, None)
+            return out
+        if p.kind not in ("conv", "linear") or p.add is not None:
+            raise PlanUnsupported(f"{p.node.name}: a float {p.kind} output")
+        if len(p.tail.users) != 1:
+            raise PlanUnsupported(f"{p.tail.name}: its float result has several readers")
+        (plan.conv if p.kind == "conv" else plan.linear)(p, None, p.params["out_dims"])
+        return None
+
+    for node in nodes:
+        if node.op == "placeholder":
+            if placeholders >= len(example):
+                raise PlanUnsupported("more graph inputs than example inputs")
+            env[node] = _FloatIn(placeholders, tuple(example[placeholders].shape))
+            placeholders += 1
+        elif node.op == "get_attr":
+            env[node] = _attr_of(gm, str(node.target))
+        elif node.op == "call_function":
+            t, args = node.target, node.args
+            if t == qd.quantize_per_tensor.default:
+                src = env[args[0]]
+                if isinstance(src, _FloatIn):
+                    scale, zp, qmax = _act_qparams(node)
+                    q = plan.new_q(shape(node), scale, zp, node, qmax)
+                    plan.quantize_input(src, q)
+                    env[node] = q
+                else:
+                    env[node] = finish(need(src, _Pending, node), node)
+            elif t == qd.dequantize_per_tensor.default:
+                q = need(env[args[0]], _QValue, node)
+                if _qparams(node)[:2] != (q.scale, q.zero_point):
+                    raise PlanUnsupported(f"{node.name}: dequantize with other parameters than its quantize")
+                env[node] = _DQ(q)
+            elif t == qd.dequantize_per_channel.default:
+                w, scales, zps, axis = (env.get(a, a) for a in args[:4])
+                if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or int(axis) != 0:
+                    raise PlanUnsupported(f"{node.name}: weights not int8 per output channel")
+                if torch.as_tensor(zps).abs().max().item() != 0:
+                    raise PlanUnsupported(f"{node.name}: asymmetric weights")
+                env[node] = _Weight(w.detach(), torch.as_tensor(scales).detach().float().reshape(-1))
+            elif t in (aten.conv2d.default, aten.linear.default):
+                x = need(env[args[0]], _DQ, node).q
+                risk = saturation_risk(x.qmax)
+                if risk is not None:
+                    raise PlanUnsupported(f"{node.name}: {risk}")
+                w = need(env[args[1]], _Weight, node)
+                bias = env.get(args[2]) if len(args) > 2 and args[2] is not None else None
+                if bias is not None and not isinstance(bias, torch.Tensor):
+                    raise PlanUnsupported(f"{node.name}: a computed bias")
+                if w.scales.numel() != w.int8.shape[0]:
+                    w = _Weight(w.int8, w.scales.expand(w.int8.shape[0]).contiguous())
+                p = _Pending("conv" if t == aten.conv2d.default else "linear", x, node, w, bias)
+                if t == aten.conv2d.default:
+                    a = list(args) + [None] * 7
+
+                    def pair(v: Any, default: int) -> list[int]:
+                        v = [default] if v is None else list(v)
+                        return v * 2 if len(v) == 1 else v
+
+                    if len(x.dims) != 4:
+                        raise PlanUnsupported(f"{node.name}: conv on a rank-{len(x.dims)} input")
+                    p.params = {
+                        "stride": pair(a[3], 1),
+                        "padding": pair(a[4], 0),
+                        "dilation": pair(a[5], 1),
+                        "groups": int(a[6] or 1),
+                    }
+                elif len(x.dims) != 2:
+                    raise PlanUnsupported(f"{node.name}: linear on a rank-{len(x.dims)} input")
+                p.params["out_dims"] = shape(node)
+                env[node] = p
+            elif t in (aten.add.Tensor, aten.add_.Tensor):
+                if node.kwargs.get("alpha", 1) != 1 or len(args) != 2:
+                    raise PlanUnsupported(f"{node.name}: add with alpha")
+                lhs, rhs = env.get(args[0]), env.get(args[1])
+                p = need(lhs if isinstance(lhs, _Pending) else rhs, _Pending, node)
+                other = need(rhs if isinstance(lhs, _Pending) else lhs, _DQ, node)
+                if p.kind != "conv" or p.add is not None:
+                    raise PlanUnsupported(f"{node.name}: an add that is not conv + residual")
+                if other.q.dims != tuple(p.params["out_dims"]):
+                    raise PlanUnsupported(f"{node.name}: a broadcasting add")
+                p.add, p.add_node = other.q, node
+                p.post.append(("sum",))
+                env[node] = p.extend(node)
+            elif t in unary:
+                p = need(env[args[0]], _Pending, node)
+                if p.kind not in ("conv", "linear") or len(p.post) >= 3:
+                    raise PlanUnsupported(f"{node.name}: {t} after {p.kind}")
+                p.post.append(("eltwise", *unary[t](node)))
+                env[node] = p.extend(node)
+            elif t in (aten.max_pool2d.default, aten.adaptive_avg_pool2d.default):
+                x = need(env[args[0]], _DQ, node).q
+                kind = "maxpool" if t == aten.max_pool2d.default else "avgpool"
+                p = _Pending(kind, x, node)
+                p.params, _ = _pool_params(kind, node, x)
+                env[node] = p
+            elif t == aten.mean.dim:  # a global average over H and W is an average pooling
+                x = need(env[args[0]], _DQ, node).q
+                dims = sorted(int(d) % 4 for d in args[1]) if len(x.dims) == 4 else []
+                if dims != [2, 3] or node.kwargs.get("dtype") is not None:
+                    raise PlanUnsupported(f"{node.name}: a mean other than over H and W of an NCHW map")
+                h, w = x.dims[2:]
+                p = _Pending("avgpool", x, node)
+                p.params = {
+                    "kernel": [h, w],
+                    "stride": [h, w],
+                    "pad_l": [0, 0],
+                    "pad_r": [0, 0],
+                    "dilation": [1, 1],
+                }
+                env[node] = p
+            elif t == aten.flatten.using_ints:
+                x = need(env[args[0]], _DQ, node).q
+                start = int(args[1]) if len(args) > 1 else 0
+                end = int(args[2]) if len(args) > 2 else -1
+                if start != 1 or end != -1 or len(x.dims) != 4 or x.dims[2:] != (1, 1):
+                    raise PlanUnsupported(f"{node.name}: flatten other than NxCx1x1 -> NxC")
+                env[node] = _Pending("flatten", x, node)
+            elif t == aten.dropout.default and not (len(args) > 2 and args[2]):
+                env[node] = env[args[0]]  # inference dropout is the identity
+            elif t is operator.getitem:
+                raise PlanUnsupported(f"{node.name}: an op with several outputs")
+            else:
+                raise PlanUnsupported(f"{node.name}: {t} is not lowered")
+        elif node.op == "output":
+            flat = node.args[0]
+            for out_node in [flat] if not isinstance(flat, list | tuple) else list(flat):
+                v = env.get(out_node)
+                if isinstance(v, _Pending):
+                    finish(v, None)
+                elif isinstance(v, _DQ):
+                    plan.dequantize_output(v.q)
+                else:
+                    raise PlanUnsupported(f"graph output {out_node} is {type(v).__name__}")
+            if plan.num_outputs != len(refs):
+                raise PlanUnsupported("the graph's outputs do not match what it returns")
+        elif node.op == "call_module" and not node.users and str(node.target).startswith("_guards"):
+            continue  # torch.export's input-shape guard: the plan checks shapes on every call itself
+        else:
+            raise PlanUnsupported(f"{node.op} nodes")
+    for n in nodes:  # a pending op nobody materialised would be silently skipped
+        v = env.get(n)
+        if isinstance(v, _Pending) and len(n.users) == 0 and n.op != "output":
+            raise PlanUnsupported(f"{n.name}: a result that nothing uses")
+    plan.returns_like(ref)
+    got = plan(*example)
+    if min_sqnr_db is None:  # two float32 evaluations of one graph agree to ~1e-6 (>= 100 dB) at best
+        floor, why = min(rounding_sqnr_db(gm, example) - 6.0, 100.0), "the graph's own rounding noise - 6 dB"
+    else:
+        floor, why = min_sqnr_db, "the floor asked for"
+    gots = [got] if isinstance(got, torch.Tensor) else list(got)
+    for r, g in zip(refs, gots, strict=True):
+        if r.shape != g.shape:
+            raise PlanUnsupported(
+                f"the plan returned shape {tuple(g.shape)} where the graph returns {tuple(r.shape)}"
+            )
+    db = float(sqnr_db(_flat(refs), _flat(gots)))
+    if not db >= floor:
+        raise PlanUnsupported(
+            f"the plan's output differs from the int8 graph's: SQNR {db:.1f} dB < {floor:.1f} dB ({why}); "
+            f"kernels: {', '.join(sorted(set(plan.kernels)))}"
+        )
+    return plan
+
+
+def _flat(out: Any) -> torch.Tensor:
+    """All output tensors of a graph as one float vector (SQNR over every output together, as the safety check)."""
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    return torch.cat([t.detach().float().reshape(-1) for t in outs])
+
+
+def _record_shapes(gm: Any, example: tuple[Any, ...]) -> None:
+    """Store every node's output shape in ``node.meta['tensor_meta']`` (one interpreted run)."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*example)
