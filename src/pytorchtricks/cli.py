@@ -266,9 +266,7 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
         console.print(f"ptt lint on the model: {len(r.lint)} finding(s): {escape(ids)}", highlight=False)
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
-    compared = (
-        compare_runs(args.compare, r) if args.compare is not None else None
-    )  # before --out is rewritten
+    compared = compare_runs(earlier, r) if earlier is not None else None
     for line in compared or []:
         console.print(f"changed since {args.compare}: {line}", highlight=False)
     path = write_run(r, args.out, compared, earlier["mean_s"] if earlier else None)

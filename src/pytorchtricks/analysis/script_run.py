@@ -211,10 +211,10 @@ def read_summary(path: str) -> dict[str, Any]:
     return old
 
 
-def compare_runs(before_path: str, r: RunReport) -> list[str]:
-    """What changed from the run saved at ``before_path`` (its results.jsonl) to ``r``: the step time, each stage's
-    share, the loader's settings, the verdict - one line each."""
-    old = read_summary(before_path)
+def compare_runs(before: str | dict[str, Any], r: RunReport) -> list[str]:
+    """What changed from an earlier run - its results.jsonl path, or its summary as ``read_summary`` returned it -
+    to ``r``: the step time, each stage's share, the loader's settings, the verdict - one line each."""
+    old = read_summary(before) if isinstance(before, str) else before
     a, b = old["mean_s"], r.mean_s()
     lines = []
     if a.get("step") and b["step"]:

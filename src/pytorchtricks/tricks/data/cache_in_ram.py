@@ -182,6 +182,7 @@ def _content(dataset: Any, size: int | None, key: str | None) -> str:
         json.dumps([FORMAT, size, f"{decode.__module__}.{decode.__qualname__}", len(dataset)]).encode()
     )
     pack = _location(dataset, "path")
+    pairs = None if key is not None or isinstance(dataset, JpegFolder) else _file_samples(dataset)
     if key is not None:
         h.update(f"key:{key}".encode())
     elif isinstance(dataset, JpegFolder):
@@ -189,8 +190,7 @@ def _content(dataset: Any, size: int | None, key: str | None) -> str:
         h.update(f"folder:{kind}:{root}\n".encode())
         h.update(np.ascontiguousarray(dataset.labels, dtype=np.int64).data)
         _digest_files(h, [(os.path.relpath(p, root), p) for p in map(dataset.path, range(len(dataset)))])
-    elif _file_samples(dataset) is not None:  # torchvision's ImageFolder / DatasetFolder: (path, label) pairs
-        pairs = _file_samples(dataset) or []
+    elif pairs is not None:  # torchvision's ImageFolder / DatasetFolder: (path, label) pairs
         root = os.path.abspath(str(getattr(dataset, "root", "") or "/"))
         h.update(f"samples:{kind}:{root}\n".encode())
         h.update(np.asarray([label for _, label in pairs], dtype=np.int64).data)
