@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,3 +16,13 @@ def _doctest_namespace(doctest_namespace: dict[str, Any]) -> None:
     import pytorchtricks
 
     doctest_namespace.update({"torch": torch, "nn": nn, "np": np, "ptt": pytorchtricks})
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread (``pytestmark = pytest.mark.usefixtures("one_thread")``): on a shared 2-core machine,
+    oversubscribed OpenMP threads make small ops stall on spin-waits (10-50x slower)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

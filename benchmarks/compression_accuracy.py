@@ -1,7 +1,7 @@
 """Accuracy on the Fashion-MNIST test set (10,000 images) after each compression, vs the fp32 model.
 
 fp32: ``fmnist_cnn`` (16/32/64 channels) trained on the first ``--train-subset`` training images (cached);
-int8: ``quantize_`` static int8 (PT2E x86 + compile + freezing), calibrated on 1,024 training images;
+int8: ``quantize`` static int8 (PT2E x86 + compile + freezing), calibrated on 1,024 training images;
 W4A4: DoReFa 4-bit weights and activations, 1 epoch of QAT; pruned: 50% of channels removed, fine-tuned for as many
 epochs as the fp32 model trained. No timing here (accuracy only), so it needs no benchmark lock.
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ex, ey = fm.load("test")
     acc: dict[str, float] = {"fp32": fm.evaluate(model, ex, ey)}
     calib = [tx[i : i + 128] for i in range(0, 1024, 128)]
-    q = ptt.quantize_(copy.deepcopy(model), ex[:64], calibration=calib)
+    q = ptt.quantize(copy.deepcopy(model), ex[:64], ptt.QuantConfig(calibration=calib))
     acc["int8 PTQ (PT2E x86, compiled)"] = fm.evaluate(q, ex, ey)
     low = ptt.quantize_lowbit_(copy.deepcopy(model), 4, 4)
     fm.train(low, tx, ty, epochs=1.0, lr=0.05, batch_size=256)

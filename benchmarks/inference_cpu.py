@@ -67,7 +67,7 @@ def build_variants(batch: int, px: int, quick: bool) -> tuple[dict[str, Any], di
     fns["fused"] = fused
     if not quick:
         fns["compile+freezing"] = ptt.compile_(copy.deepcopy(fused), for_inference=True)
-        fns["bf16 compile+freezing"] = ptt.quantize_(copy.deepcopy(base), x, "bf16")
+        fns["bf16 compile+freezing"] = ptt.quantize(copy.deepcopy(base), x, "bf16")
     opt = optimize(copy.deepcopy(base), x, int8=True, calibration=calib, compile=not quick)
     fns["int8 (ptt optimize --int8)"] = opt.model
     tmp = tempfile.mkdtemp(prefix="ptt-onnx-")

@@ -1,6 +1,7 @@
 """Tiny reference models for tests and the tricks' bench cases (bottom floor: every floor may use them).
 
-``small_cnn`` is a Conv-BN-ReLU network for 28x28 inputs; ``randomize_bn_`` gives BatchNorms non-trivial
+``small_cnn`` is a Conv-BN-ReLU network for 28x28 inputs; ``many_small_tensors`` a deep Linear-LayerNorm stack
+(many small parameter tensors: the optimizer tricks' case); ``randomize_bn_`` gives BatchNorms non-trivial
 statistics so that a transform that mishandles them (fusion, re-parameterization, export) shows in the outputs.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["randomize_bn_", "small_cnn"]
+__all__ = ["many_small_tensors", "randomize_bn_", "small_cnn"]
 
 
 def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> nn.Module:
@@ -29,6 +30,14 @@ def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> n
         nn.Flatten(),
         nn.Linear(4 * w, num_classes),
     )
+
+
+def many_small_tensors(depth: int, width: int) -> nn.Module:
+    """``depth`` x (Linear(width, width), LayerNorm(width)): ``4 * depth`` small parameter tensors."""
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
+    return nn.Sequential(*layers)
 
 
 def randomize_bn_(model: nn.Module, seed: int = 0) -> nn.Module:

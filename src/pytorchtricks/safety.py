@@ -1,6 +1,6 @@
 """Safety check for model transforms: same answers, caller's inputs untouched, no aliasing.
 
-Every rewriting transform (``fuse_conv_bn_``, ``reparameterize_``, ``quantize_``, ``compile_``) can silently give
+Every rewriting transform (``fuse_conv_bn_``, ``reparameterize_``, ``quantize``, ``compile_``) can silently give
 wrong results: a ReLU dropped from a reused module, BN folded into a conv used elsewhere, or an int8 graph whose
 oneDNN in-place sum post-op writes into the caller's input tensor (PT2E x86 + freezing). ``check_transform`` runs
 the transformed callable on example inputs and compares it with reference outputs taken *before* the transform:
@@ -150,7 +150,7 @@ def check_transform(
     if changed:
         problems.append(
             f"the call modified the caller's input tensor(s) {changed} in place; clone inputs before calling "
-            "(quantize_(..., clone_inputs=True)) or avoid freezing/in-place fusions for this model."
+            "(quantize(..., QuantConfig(clone_inputs=True))) or avoid freezing/in-place fusions for this model."
         )
         for b, t in zip(before, inputs):  # give the caller their data back
             with torch.no_grad():

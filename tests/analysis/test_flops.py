@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,14 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import pytorchtricks as ptt
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the root conftest's fixture
 
 
 F32 = 4

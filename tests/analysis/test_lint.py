@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -16,14 +16,7 @@ from pytorchtricks.analysis.lint_rules import RULES
 from pytorchtricks.core import PttError
 from pytorchtricks.fixtures import randomize_bn_
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the root conftest's fixture
 
 
 X = torch.randn(8, 8, 8, 8)  # batch 8, 8 channels, 8x8: the clean shape

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,14 +15,7 @@ from pytorchtricks.bench.workloads import load_model
 from pytorchtricks.core import PttError
 from pytorchtricks.fixtures import small_cnn
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the root conftest's fixture
 
 
 F32 = 4

@@ -16,14 +16,7 @@ import pytorchtricks as ptt
 from pytorchtricks.analysis.profile import SEGMENTS, _verdict, bf16_native
 from pytorchtricks.core import PttError
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Timing splits on a shared 2-core machine: one intra-op thread keeps small ops from stalling on spin-waits."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the root conftest's fixture
 
 
 def _train_step(model: nn.Module) -> tuple[torch.optim.Optimizer, object]:

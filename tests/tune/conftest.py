@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 TINY = """
 from torch import nn
@@ -62,12 +61,8 @@ def broken_import():
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Oversubscribed OpenMP threads make a shared 2-core machine 10-50x slower; tests use one."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_thread: None) -> None:
+    """Every tune test on one intra-op thread (the root conftest's ``one_thread``)."""
 
 
 @pytest.fixture

@@ -85,9 +85,9 @@ def open_image_dataset(path: str | os.PathLike[str]) -> Any:
 def _serial(
     dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
 ) -> tuple[dict, float]:
+    from pytorchtricks.shards.jpeg import decode_image, image_size
     from pytorchtricks.tricks.data._images import (
         crop_decode,
-        decoders,
         hflip,
         is_encoded,
         read_item,
@@ -98,7 +98,6 @@ def _serial(
     )
     from pytorchtricks.tricks.data.make_loader import _stack
 
-    decode, size_of = decoders()
     out = (crop, crop) if crop else None
     order = np.random.default_rng(0).permutation(len(dataset))[: batch_size * batches]
     sw = Stopwatch(device)
@@ -111,12 +110,12 @@ def _serial(
             with sw.stage("augment"):  # the random part: crop box (from the header) and flip coin
                 rng = sample_rng(0, 0, i)
                 enc = is_encoded(raw)
-                hw = size_of(raw) if enc else to_hwc(raw).shape[:2]
+                hw = image_size(raw) if enc else to_hwc(raw).shape[:2]
                 box = rrc_box(hw[0], hw[1], (0.08, 1.0), (3 / 4, 4 / 3), rng) if out else None
                 flip = rng.random() < 0.5
             with sw.stage("decode"):  # decode (crop-aware, scaled) and resize to the output size
                 if enc:
-                    arr = crop_decode(decode, raw, hw, box, out) if out and box else decode(raw)
+                    arr = crop_decode(raw, hw, box, out) if out and box else decode_image(raw)
                 else:
                     arr = to_hwc(raw)
                     if out and box:

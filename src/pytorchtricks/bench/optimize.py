@@ -141,7 +141,7 @@ def optimize(
         )
         if q is not None:
             final = q
-        aot = getattr(q, "aot", None) is not None  # quantize_ warns when the package could not be built
+        aot = getattr(q, "aot", None) is not None  # quantize warns when the package could not be built
         planned = getattr(q, "plan_source", None) is not None
         name = "quantize int8" + (
             " + oneDNN plan" if planned else " + AOTInductor" if aot else " + compile" if compile else ""
@@ -159,22 +159,24 @@ def optimize(
 
 def _quantize(model: nn.Module, example: tuple[Any, ...], calibration: Any, *, compile: bool) -> Any:
     from pytorchtricks.tricks.model._onednn_plan import onednn_available
-    from pytorchtricks.tricks.model.quantize import quantize_
+    from pytorchtricks.tricks.model.quantize import QuantConfig, quantize
 
     # compiled int8 for the example's shape: a oneDNN plan (every int8 op one prebuilt primitive) when the system
     # oneDNN is installed, plus an AOTInductor package (no guards or Python wrapper per call). ResNet-18, batch 1,
     # 1 thread: plan 4.48 ms, package 5.21 ms, torch.compile 5.90 ms, ORT int8 5.23 ms (results/int8_breakdown.md);
     # other shapes fall back to torch.compile
-    mode: bool | str = ("onednn" if onednn_available() else "aot") if compile else False
+    config = QuantConfig(
+        calibration=calibration, engine=("onednn" if onednn_available() else "aot") if compile else "eager"
+    )
     with warnings.catch_warnings():  # a missing plan is not "no effect": the CLI prints q.plan_error instead
         warnings.filterwarnings("ignore", message="no oneDNN plan")
         try:
-            return quantize_(model, example, calibration=calibration, compile=mode)
+            return quantize(model, example, config)
         except PttError as exc:
             if "modified the caller's input" not in str(exc):
                 raise
             # the oneDNN in-place sum trap: keep int8, protect the caller's tensors with a copy per call
-            return quantize_(model, example, calibration=calibration, compile=mode, clone_inputs=True)
+            return quantize(model, example, config.replace(clone_inputs=True))
 
 
 def _compile_mode(model: Any) -> str:
@@ -227,7 +229,7 @@ def save(opt: Optimized, path: str, *, spec: str, input_shape: Sequence[int], in
             f"x = torch.randn({shape})",
             "ptt.unshare_modules_(m); ptt.fuse_conv_bn_(m, x); ptt.reparameterize_(m, x)",
             f"m.load_state_dict(torch.load({os.path.basename(path)!r}, weights_only=True))",
-            f"m = ptt.quantize_(m, x, calibration=YOUR_BATCHES, compile={_compile_mode(opt.model)!r})"
+            f"m = ptt.quantize(m, x, ptt.QuantConfig(calibration=YOUR_BATCHES, engine={_compile_mode(opt.model)!r}))"
             if int8
             else "m = ptt.compile_(m, for_inference=True)",
         ],

@@ -64,8 +64,34 @@ def list_source(src: str | os.PathLike[str]) -> Source:
     return _list_rows(src, rows)
 
 
-def _list_folder(root: str) -> Source:
-    """Every file under ``root/<class>/``, in sorted order; what is not packed goes to ``skipped`` with why."""
+@dataclass(frozen=True)
+class ClassTree:
+    """An ImageFolder tree as listed once: ``classes``, ``rel[i]`` (relative to the root) with ``labels[i]``, and
+    what is not listed, each ``{"path", "reason"}``."""
+
+    classes: list[str]
+    rel: list[str]
+    labels: list[int]
+    skipped: list[dict[str, str]]
+
+
+def walk_class_tree(root: str) -> ClassTree:
+    """The one reader of ``root/<class>/**/<file>`` (``pack``'s source, ``JpegFolder``, calibration folders).
+
+    Order is torchvision ImageFolder's (classes sorted; within a class, folders by path, files by name), so sample
+    ``i`` is the same file as ``ImageFolder(root)[i]`` on a tree without hidden names. Hidden names (``.x``: macOS
+    ``._`` files, ``.ipynb_checkpoints``) and folder symlinks (they could loop) are skipped with why, as are
+    unreadable folders; files of any kind are listed (a non-image is the caller's to reject or filter).
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> for f in ("b/2.jpg", "a/x/1.jpg", "a/0.jpg", "a/.hidden.jpg"):
+        ...     os.makedirs(os.path.dirname(os.path.join(d, f)), exist_ok=True)
+        ...     _ = open(os.path.join(d, f), "wb").write(b"x")
+        >>> t = walk_class_tree(d); (t.classes, t.rel, t.labels, [r["path"] for r in t.skipped])
+        (['a', 'b'], ['a/0.jpg', 'a/x/1.jpg', 'b/2.jpg'], [0, 0, 1], ['a/.hidden.jpg'])
+    """
     skipped: list[dict[str, str]] = []
     try:
         top = sorted(os.scandir(root), key=lambda e: e.name)
@@ -85,7 +111,8 @@ def _list_folder(root: str) -> Source:
             classes.append(e.name)
         else:
             skipped.append(_skip(e.name, "not in a class folder (ImageFolder layout: SRC/<class>/<image>)"))
-    paths, rel, labels = [], [], []
+    rel: list[str] = []
+    labels: list[int] = []
 
     def unreadable(exc: OSError) -> None:  # os.walk's onerror: a folder it cannot list
         name = os.path.relpath(exc.filename, root) + "/" if exc.filename else "?"
@@ -94,6 +121,7 @@ def _list_folder(root: str) -> Source:
         )
 
     for label, cls in enumerate(classes):
+        folders = []
         for dirpath, dirs, files in os.walk(os.path.join(root, cls), onerror=unreadable):
             walk = []
             for d in sorted(dirs):
@@ -105,18 +133,26 @@ def _list_folder(root: str) -> Source:
                 else:
                     walk.append(d)
             dirs[:] = walk
+            folders.append((dirpath, files))
+        for dirpath, files in sorted(folders):
             for f in sorted(files):
                 p = os.path.join(dirpath, f)
                 if f.startswith("."):
                     skipped.append(_skip(os.path.relpath(p, root), _HIDDEN))
-                else:  # non-images and special files are listed too, and end up in the rejects
-                    paths.append(p)
+                else:
                     rel.append(os.path.relpath(p, root))
                     labels.append(label)
-    if not paths:
-        raise PttError(f"no files under {root!r}; expected {root}/<class>/<image>.jpg (ImageFolder layout).")
     skipped.sort(key=lambda r: r["path"])
-    return Source(paths, rel, labels, [{} for _ in paths], classes, skipped)
+    return ClassTree(classes, rel, labels, skipped)
+
+
+def _list_folder(root: str) -> Source:
+    """Every file under ``root/<class>/`` (non-images and special files too: they end up in the rejects)."""
+    tree = walk_class_tree(root)
+    if not tree.rel:
+        raise PttError(f"no files under {root!r}; expected {root}/<class>/<image>.jpg (ImageFolder layout).")
+    paths = [os.path.join(root, r) for r in tree.rel]
+    return Source(paths, tree.rel, tree.labels, [{} for _ in paths], tree.classes, tree.skipped)
 
 
 _HIDDEN = "hidden (name starts with '.'): not packed"

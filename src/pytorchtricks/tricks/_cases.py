@@ -1,8 +1,10 @@
-"""Bench-case builders shared by the model tricks: the same model untreated vs treated, for training or inference."""
+"""Bench-case builders shared by the tricks: the same model untreated vs treated (training step or inference), and
+the first batch of two loaders."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,4 +71,25 @@ def inference_case(
         device=str(x.device),
         description=description,
         check=check,
+    )
+
+
+def first_batch_case(
+    base: Iterable[Any],
+    treated: Iterable[Any],
+    items: int,
+    *,
+    description: str,
+    device: str = "cpu",
+    cleanup: Callable[[], None] | None = None,
+) -> BenchCase:
+    """The first batch's images of a fresh iterator over ``base`` vs over ``treated`` (``items`` images each)."""
+    return BenchCase(
+        baseline=lambda: next(iter(base))[0],
+        treated=lambda: next(iter(treated))[0],
+        items_per_call=items,
+        unit="images",
+        device=device,
+        description=description,
+        cleanup=cleanup,
     )

@@ -12,7 +12,7 @@ import torch
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
-from pytorchtricks.tricks.data._images import decoders
+from pytorchtricks.shards.jpeg import decode_image
 from pytorchtricks.tricks.data.cache_in_ram import (
     ArenaInfo,
     CachedDataset,
@@ -34,11 +34,10 @@ def jpegs() -> list[tuple[bytes, int]]:
 def test_arena_holds_decoded_resized_pixels(jpegs, tmp_path):
     cached = cache_in_ram(jpegs, size=30, cache_dir=str(tmp_path), num_workers=0)
     assert isinstance(cached, CachedDataset) and len(cached) == 12
-    decode, _ = decoders()
     for i in (0, 5, 11):
         arr, label, _ = cached.read_raw(i)
         assert label == i and arr.shape == (30, 40, 3)  # short side 30, aspect kept
-        np.testing.assert_array_equal(arr, decode(jpegs[i][0], size=(30, 40)))
+        np.testing.assert_array_equal(arr, decode_image(jpegs[i][0], size=(30, 40)))
     assert cached.nbytes == 12 * 30 * 40 * 3
     clone = pickle.loads(pickle.dumps(cached))  # workers re-map the file by path, they do not copy the pixels
     assert clone._arena is None and np.array_equal(clone.read_raw(3)[0], cached.read_raw(3)[0])

@@ -6,7 +6,6 @@ segmentation found by brute force over all segment counts."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,17 +16,8 @@ from pytorchtricks.clock import cpu_tracked_peak_bytes
 from pytorchtricks.tricks.loop.checkpoint_activations import _Residual
 
 # CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
-pytestmark = pytest.mark.isa
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # the profiler-measured steps below run faster and steadier on a shared 2-core box
-    yield
-    torch.set_num_threads(old)
+# one intra-op thread (the root conftest's fixture): the profiler-measured steps below run faster and steadier
+pytestmark = [pytest.mark.isa, pytest.mark.usefixtures("one_thread")]
 
 
 def _resmlp(depth: int = 16, width: int = 16) -> nn.Sequential:

@@ -33,7 +33,7 @@ def test_resnet18_exact_and_all_bn_gone() -> None:
     torch.manual_seed(0)
     fused = _check_exact(tvm.resnet18(weights=None), torch.randn(2, 3, 64, 64))
     assert _bns(fused) == 0
-    assert "ptt_safety_report" not in fused.__dict__  # checked (a failure raises), not stored on the model
+    assert "safety_report" not in fused.__dict__  # checked (a failure raises), not stored on the model
 
 
 class ReusedRelu(nn.Module):

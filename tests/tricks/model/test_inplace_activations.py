@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,14 +12,7 @@ from pytorchtricks.core import NoEffectWarning, PttError
 from pytorchtricks.fixtures import randomize_bn_
 from pytorchtricks.tricks.model.inplace_activations import bench_case, safe_inplace_candidates
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine small ops otherwise stall on spin-waits."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the root conftest's fixture
 
 
 class Mixed(nn.Module):

@@ -3,7 +3,7 @@
 "Same results" is measured against the graph's own rounding noise (``rounding_sqnr_db``): where the kernels cannot
 saturate (VNNI, or 7-bit activations without it) the plan differs from the graph only by rounding flips, at most
 twice the graph's rounding error in amplitude (6 dB). On a CPU without VNNI the graphs here are built as
-``quantize_`` builds them, with 7-bit activations (``int8_range``).
+``quantize`` builds them, with 7-bit activations (``int8_range``).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Activations(nn.Module):
 
 
 def _int8_graph(model: nn.Module, x: torch.Tensor, reduce_range: bool | None = None) -> nn.Module:
-    """The PT2E int8 graph of ``model``; ``reduce_range=None``: as quantize_ decides on this CPU (no VNNI: on)."""
+    """The PT2E int8 graph of ``model``; ``reduce_range=None``: as quantize decides on this CPU (no VNNI: on)."""
     from pytorchtricks.tricks.model.quantize import _static_int8, int8_range
 
     model = randomize_bn_(model).eval()
@@ -265,9 +265,9 @@ def test_quantize_onednn_runs_the_plan_per_thread_count_and_falls_back_for_other
     torch.manual_seed(0)
     model = randomize_bn_(ResNetLike()).eval()
     x = torch.randn(2, 3, 32, 32)
-    ref = ptt.quantize_(copy.deepcopy(model), x, compile=False)
-    q = ptt.quantize_(copy.deepcopy(model), x, compile="onednn")
-    assert q.plan_error is None and q.plan_shapes == ((2, 3, 32, 32),) and q.ptt_safety_report.ok
+    ref = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager"))
+    q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="onednn"))
+    assert q.plan_error is None and q.plan_shapes == ((2, 3, 32, 32),) and q.safety_report.ok
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -293,8 +293,8 @@ def test_quantize_onednn_without_the_library_warns_and_keeps_the_compiled_path(m
     model = randomize_bn_(ResNetLike()).eval()
     x = torch.randn(2, 3, 32, 32)
     with pytest.warns(NoEffectWarning, match="libdnnl2"):
-        q = ptt.quantize_(copy.deepcopy(model), x, compile="onednn")
-    assert q.plan() is None and "libdnnl2" in q.plan_error and q.ptt_safety_report.ok
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="onednn"))
+    assert q.plan() is None and "libdnnl2" in q.plan_error and q.safety_report.ok
 
 
 @needs_onednn
@@ -320,5 +320,5 @@ def test_quantize_onednn_with_the_fx_backend_says_it_has_no_plan() -> None:
     model = randomize_bn_(ResNetLike()).eval()
     x = torch.randn(2, 3, 32, 32)
     with pytest.warns(NoEffectWarning, match="no oneDNN plan: .*FX"):
-        q = ptt.quantize_(copy.deepcopy(model), x, backend="fx", compile="onednn")
-    assert q.plan() is None and q.ptt_safety_report.ok
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(backend="fx", engine="onednn"))
+    assert q.plan() is None and q.safety_report.ok

@@ -1,4 +1,4 @@
-"""quantize_: int8 accuracy on real data, the input-mutation trap, dynamic/bf16/QAT/FX paths, misuse errors."""
+"""quantize: int8 accuracy on real data, the input-mutation trap, dynamic/bf16/QAT/FX paths, misuse errors."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def test_int8_ptq_fashion_mnist_drop_within_half_point(fmnist) -> None:
     from pytorchtricks.fashion_mnist import evaluate
 
     calib = [fmnist.train_x[i : i + 128] for i in range(0, 1024, 128)]
-    q = ptt.quantize_(copy.deepcopy(fmnist.model), fmnist.test_x[:64], calibration=calib)
-    assert q.backend == "pt2e" and q.ptt_safety_report.ok
+    q = ptt.quantize(copy.deepcopy(fmnist.model), fmnist.test_x[:64], ptt.QuantConfig(calibration=calib))
+    assert q.backend == "pt2e" and q.safety_report.ok
     acc = evaluate(q, fmnist.test_x, fmnist.test_y, batch_size=500)
     assert fmnist.fp32_acc - acc <= 0.5, (fmnist.fp32_acc, acc)
 
@@ -44,14 +44,14 @@ def test_input_mutation_trap_is_caught_then_fixed_by_clone_inputs() -> None:
     x = torch.randn(8, 32)
     keep = x.clone()
     try:
-        ptt.quantize_(copy.deepcopy(model), x)
+        ptt.quantize(copy.deepcopy(model), x)
     except SafetyError as err:  # torch 2.14 + torchao 0.18: the oneDNN in-place sum writes into x
         assert "input" in str(err)
     assert torch.equal(x, keep)  # the check restores the caller's tensor either way
-    q = ptt.quantize_(copy.deepcopy(model), x, clone_inputs=True)
+    q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(clone_inputs=True))
     for _ in range(2):
         q(x)
-    assert torch.equal(x, keep) and q.ptt_safety_report.inputs_unchanged
+    assert torch.equal(x, keep) and q.safety_report.inputs_unchanged
 
 
 def test_fx_backend_and_uncompiled_pt2e_agree_with_fp32() -> None:
@@ -59,8 +59,8 @@ def test_fx_backend_and_uncompiled_pt2e_agree_with_fp32() -> None:
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     x = torch.randn(4, 3, 16, 16)
     for backend in ("fx", "pt2e"):
-        q = ptt.quantize_(copy.deepcopy(model), x, backend=backend, compile=False)
-        assert q.backend == backend and q.ptt_safety_report.sqnr_db > 20
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(backend=backend, engine="eager"))
+        assert q.backend == backend and q.safety_report.sqnr_db > 20
 
 
 @pytest.mark.slow
@@ -68,17 +68,17 @@ def test_aot_package_runs_the_same_int8_graph_and_other_shapes_fall_back() -> No
     torch.manual_seed(0)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     x = torch.randn(2, 3, 16, 16)
-    ref = ptt.quantize_(copy.deepcopy(model), x, compile=False)
-    q = ptt.quantize_(copy.deepcopy(model), x, compile="aot")
+    ref = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager"))
+    q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="aot"))
     assert q.aot is not None and q.aot_shapes == ((2, 3, 16, 16),), q.aot_error
-    assert q.package_path.endswith(".pt2") and q.ptt_safety_report.ok
+    assert q.package_path.endswith(".pt2") and q.safety_report.ok
     with torch.no_grad():
         # same int8 graph, other kernels (fused and frozen): equal up to int8 rounding of a few elements
         torch.testing.assert_close(q(x), ref(x), atol=0.1, rtol=0.05)
         y = torch.randn(3, 3, 16, 16)  # a shape the package was not built for: the torch.compile path runs it
         torch.testing.assert_close(q(y), ref(y), atol=0.1, rtol=0.05)
-    with pytest.raises(PttError, match="compile must be"):
-        ptt.quantize_(copy.deepcopy(model), x, compile="fast")
+    with pytest.raises(PttError, match="unknown engine"):
+        ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="fast"))
 
 
 @pytest.mark.slow
@@ -93,8 +93,8 @@ def test_aot_package_failure_warns_and_keeps_the_compiled_path(monkeypatch) -> N
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     x = torch.randn(2, 3, 16, 16)
     with pytest.warns(NoEffectWarning, match="no C.. compiler"):
-        q = ptt.quantize_(copy.deepcopy(model), x, compile="aot")
-    assert q.aot is None and "no C++ compiler" in q.aot_error and q.ptt_safety_report.ok
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="aot"))
+    assert q.aot is None and "no C++ compiler" in q.aot_error and q.safety_report.ok
 
 
 def test_dynamic_int8_lstm_and_linear() -> None:
@@ -109,19 +109,20 @@ def test_dynamic_int8_lstm_and_linear() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.lstm(x)[0][:, -1])
 
-    q = ptt.quantize_(Seq().eval(), torch.randn(4, 7, 16), "int8_dynamic")
+    q = ptt.quantize(Seq().eval(), torch.randn(4, 7, 16), "int8_dynamic")
     assert "Quantized" in type(q.inner.head).__name__ or "quantized" in type(q.inner.head).__module__
-    assert q.ptt_safety_report.sqnr_db > 20
+    assert q.safety_report.sqnr_db > 20
 
 
 def test_bf16_weights() -> None:
     torch.manual_seed(0)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     x = torch.randn(2, 3, 16, 16)
-    q = ptt.quantize_(model, x, "bf16", compile=False)
-    assert next(model.parameters()).dtype == torch.bfloat16
+    q = ptt.quantize(model, x, ptt.QuantConfig("bf16", engine="eager"))
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is not changed
+    assert next(q.inner.parameters()).dtype == torch.bfloat16
     out = q(x)
-    assert out.dtype == torch.float32 and q.ptt_safety_report.sqnr_db > 25
+    assert out.dtype == torch.float32 and q.safety_report.sqnr_db > 25
 
 
 @pytest.mark.slow
@@ -130,29 +131,31 @@ def test_qat_prepare_train_convert() -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(144, 32), nn.ReLU(), nn.Linear(32, 10))
     x = torch.randn(16, 1, 12, 12)
     y = torch.randint(0, 10, (16,))
-    prepared = ptt.quantize_(model, x, "qat")
+    prepared = ptt.quantize(model, x, "qat")
     opt = torch.optim.SGD(prepared.parameters(), lr=0.01)
     for _ in range(3):
         loss = nn.functional.cross_entropy(prepared(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    q = ptt.quantize_(prepared, x, "qat_convert", compile=False)
-    assert q.ptt_safety_report.ok and q(x).shape == (16, 10)
+    q = ptt.quantize(prepared, x, ptt.QuantConfig("qat_convert", engine="eager"))
+    assert q.safety_report.ok and q(x).shape == (16, 10)
 
 
 def test_misuse_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_cnn(in_channels=3, width=8)
     x = torch.randn(1, 3, 8, 8)
-    with pytest.raises(PttError, match="unknown quantization config"):
-        ptt.quantize_(model.eval(), x, "int4")
+    with pytest.raises(PttError, match="unknown precision"):
+        ptt.quantize(model.eval(), x, "int4")
+    with pytest.raises(PttError, match="QuantConfig or a precision name"):
+        ptt.quantize(model.eval(), x, {"precision": "int8"})  # type: ignore[arg-type]
     with pytest.raises(PttError, match="eval"):
-        ptt.quantize_(model.train(), x)
+        ptt.quantize(model.train(), x)
     with pytest.raises(PttError, match="calibration is empty"):
-        ptt.quantize_(model.eval(), x, calibration=[], compile=False)
+        ptt.quantize(model.eval(), x, ptt.QuantConfig(calibration=[], engine="eager"))
     monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantize_pt2e", None)
     with pytest.raises(MissingExtraError, match=r"pytorchtricks\[infer\]"):
-        ptt.quantize_(model.eval(), x, backend="pt2e", compile=False)
+        ptt.quantize(model.eval(), x, ptt.QuantConfig(backend="pt2e", engine="eager"))
 
 
 ZEN3 = ("AMD EPYC 7763 (Zen 3)", {"avx2", "fma"})
@@ -193,9 +196,9 @@ def test_pt2e_graph_gets_7bit_activations_without_vnni(monkeypatch: pytest.Monke
     x = torch.randn(4, 3, 16, 16)
     for cpu, qmax in ((ZEN3, 127), (ZEN4, 255)):
         _as_cpu(monkeypatch, cpu)
-        q = ptt.quantize_(copy.deepcopy(model), x, compile=False)
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager"))
         assert q.reduce_range is (qmax == 127) and _activation_qmax(q.inner) == {qmax}
-        assert q.reduce_range_reason.startswith("reduce_range: ") and q.ptt_safety_report.sqnr_db > 20
+        assert q.reduce_range_reason.startswith("reduce_range: ") and q.safety_report.sqnr_db > 20
     assert "no VNNI" not in q.reduce_range_reason
 
 
@@ -231,8 +234,8 @@ def test_reused_modules_are_unshared_on_a_working_copy_and_the_model_is_left_alo
     x = torch.randn(4, 3, 16, 16)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ref = model(x)
-    q = ptt.quantize_(model, x, compile=False)
-    assert q.ptt_safety_report.sqnr_db > 20
+    q = ptt.quantize(model, x, ptt.QuantConfig(engine="eager"))
+    assert q.safety_report.sqnr_db > 20
     assert type(model) is SharedRelu and not any("_site" in n for n, _ in model.named_modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
@@ -247,9 +250,9 @@ def test_third_party_failures_become_ptt_errors_that_say_what_to_do(monkeypatch:
     monkeypatch.setattr(pt2e, "prepare_pt2e", refuse)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     with pytest.raises(PttError, match=r"(?s)more than one output node.*unshare_modules_.*backend='fx'"):
-        ptt.quantize_(model, torch.randn(2, 3, 16, 16), compile=False)
+        ptt.quantize(model, torch.randn(2, 3, 16, 16), ptt.QuantConfig(engine="eager"))
     with pytest.raises(PttError, match="takes the graph"):
-        ptt.quantize_(model, torch.randn(2, 3, 16, 16), "qat_convert", compile=False)
+        ptt.quantize(model, torch.randn(2, 3, 16, 16), ptt.QuantConfig("qat_convert", engine="eager"))
 
 
 @pytest.mark.slow
@@ -265,12 +268,12 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
     from pytorchtricks.safety import sqnr_db
 
     torch.manual_seed(0)
-    q = ptt.quantize_(torchvision.models.resnet18().eval(), (torch.randn(8, 3, 160, 160),))
-    assert q.backend == "pt2e" and q.ptt_safety_report.ok and q.reduce_range is not cpu_caps().vnni
+    q = ptt.quantize(torchvision.models.resnet18().eval(), (torch.randn(8, 3, 160, 160),))
+    assert q.backend == "pt2e" and q.safety_report.ok and q.reduce_range is not cpu_caps().vnni
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     calib, held = photos_160[:5], photos_160[5:]
-    q = ptt.quantize_(model, calib[0], calibration=calib)
+    q = ptt.quantize(model, calib[0], ptt.QuantConfig(calibration=calib))
     with torch.no_grad():
         ref = torch.cat([model(x) for x in held])
         got = torch.cat([q(x) for x in held])

@@ -32,7 +32,7 @@ def test_repvgg_net_exact_and_single_branch() -> None:
     assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
     assert all(m.reparam is not None for m in net.modules() if isinstance(m, ptt.RepVGGBlock))
     assert any(m.reparam.groups == 2 for m in net.modules() if isinstance(m, ptt.RepVGGBlock))
-    assert "ptt_safety_report" not in net.__dict__  # checked (a failure raises), not stored on the model
+    assert "safety_report" not in net.__dict__  # checked (a failure raises), not stored on the model
 
 
 @pytest.mark.parametrize("c_in,c_out,stride,groups", [(4, 4, 1, 1), (4, 8, 2, 1), (8, 8, 1, 4), (6, 6, 1, 6)])

@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.sources import IMAGE_EXTENSIONS  # one list, on the formats' floor
+from pytorchtricks.shards.sources import (
+    IMAGE_EXTENSIONS,
+    walk_class_tree,
+)  # one reader, on the formats' floor
 
 # folder name (lower case) -> split; the first found wins when a root has several names for one split
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
@@ -54,6 +57,8 @@ class JpegFolder:
     """Map-style dataset over ``root/<class>/<file>``; ``read_raw(i) -> (bytes, label, {})``.
 
     Paths live in one numpy byte-string array, not a Python list: DataLoader workers touching it do not copy pages.
+    The files are ``walk_class_tree``'s (ImageFolder's order; hidden names such as macOS ``._x.jpg`` and
+    ``.ipynb_checkpoints`` skipped, where ImageFolder would read them) with an image extension.
 
     Example:
         >>> import tempfile, os
@@ -78,15 +83,11 @@ class JpegFolder:
                 + "; ptt.split_folders(root) returns them."
             )
         self.root = root
-        self.classes = [e.name for e in _subdirs(root)]
-        paths: list[str] = []
-        labels: list[int] = []
-        for label, cls in enumerate(self.classes):
-            for dirpath, _, files in sorted(os.walk(os.path.join(root, cls))):
-                for f in sorted(files):
-                    if f.lower().endswith(IMAGE_EXTENSIONS):
-                        paths.append(os.path.relpath(os.path.join(dirpath, f), root))
-                        labels.append(label)
+        tree = walk_class_tree(root)
+        self.classes = tree.classes
+        images = [k for k, r in enumerate(tree.rel) if r.lower().endswith(IMAGE_EXTENSIONS)]
+        paths = [tree.rel[k] for k in images]
+        labels = [tree.labels[k] for k in images]
         if not paths:
             raise PttError(f"no images under {root!r}; expected {root}/<class>/<image>.jpg.")
         self._paths = np.array([p.encode() for p in paths])  # fixed-width bytes: one buffer

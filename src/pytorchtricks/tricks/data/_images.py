@@ -7,25 +7,17 @@ floor down.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from pytorchtricks.core import PttError
+from pytorchtricks.shards.jpeg import decode_image, image_size
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in source-image pixels
 
 
-def decoders() -> tuple[Callable[..., np.ndarray], Callable[[Any], tuple[int, int]]]:
-    """``(decode_image, image_size)`` of ``shards.jpeg``: the crop-aware, DCT-scaled decoder every reader uses."""
-    from pytorchtricks.shards.jpeg import decode_image, image_size
-
-    return decode_image, image_size
-
-
 def crop_decode(
-    decode: Callable[..., np.ndarray],
     raw: Any,
     hw: tuple[int, int],
     box: Box,
@@ -42,7 +34,7 @@ def crop_decode(
     """
     if box[0] + box[2] > hw[0] or box[1] + box[3] > hw[1]:
         raise PttError(f"crop box {box} lies outside the {hw[0]}x{hw[1]} image")
-    return decode(raw, crop=box, size=out, backend=backend)
+    return decode_image(raw, crop=box, size=out, backend=backend)
 
 
 def rrc_box(
@@ -202,18 +194,19 @@ class SampleMaker:
         """The sample as HxWx3 uint8; written into ``out`` (one copy, flip included) when given."""
         if self.resize is not None and self.crop is not None:
             return self._eval(raw, self.resize, self.crop, rng, out)
-        decode, size_of = decoders()
         if is_encoded(raw):
             if self.crop is None:
-                arr = decode(raw, backend=self.backend)
+                arr = decode_image(raw, backend=self.backend)
             else:
-                h0, w0 = size_of(raw)
+                h0, w0 = image_size(raw)
                 box = rrc_box(h0, w0, self.scale, self.ratio, rng)
                 if self.scaled_decode:
-                    arr = crop_decode(decode, raw, (h0, w0), box, self.crop, self.backend)
+                    arr = crop_decode(raw, (h0, w0), box, self.crop, self.backend)
                 else:  # full-size decode, then crop and resize: the reference path
                     t, lf, h, w = box
-                    arr = resize_hwc(decode(raw, backend=self.backend)[t : t + h, lf : lf + w], self.crop)
+                    arr = resize_hwc(
+                        decode_image(raw, backend=self.backend)[t : t + h, lf : lf + w], self.crop
+                    )
         else:
             arr = to_hwc(raw)
             if self.crop is not None:
@@ -234,13 +227,12 @@ class SampleMaker:
         self, raw: Any, resize: int, crop: tuple[int, int], rng: np.random.Generator, out: np.ndarray | None
     ) -> np.ndarray:
         if is_encoded(raw):
-            decode, size_of = decoders()
-            h0, w0 = size_of(raw)
+            h0, w0 = image_size(raw)
             sized, (t, lf) = eval_geometry(h0, w0, resize, crop)
             if self.scaled_decode:  # the DCT scale keeps the short side >= resize; one resize after it
-                arr = crop_decode(decode, raw, (h0, w0), (0, 0, h0, w0), sized, self.backend)
+                arr = crop_decode(raw, (h0, w0), (0, 0, h0, w0), sized, self.backend)
             else:
-                arr = resize_hwc(decode(raw, backend=self.backend), sized)
+                arr = resize_hwc(decode_image(raw, backend=self.backend), sized)
         else:  # decoded pixels (a RAM cache at short side == resize: the resize is a no-op)
             arr = to_hwc(raw)
             sized, (t, lf) = eval_geometry(arr.shape[0], arr.shape[1], resize, crop)

@@ -29,6 +29,7 @@ import torch
 
 from pytorchtricks.clock import Deadline, now_s
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
 __all__ = ["autotune_loader"]
@@ -223,11 +224,10 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     tuned = autotune_loader(data, n, crop=64, workers=(0, 1), cache=(False,), budget_s=10, batches=2)
     base = make_loader(data, n, crop=64, num_workers=0)
     treat = tuned.loader(n)
-    return BenchCase(
-        baseline=lambda: next(iter(base))[0],
-        treated=lambda: next(iter(treat))[0],
-        items_per_call=n,
-        unit="images",
+    return first_batch_case(
+        base,
+        treat,
+        n,
         device=device,
         description=f"first batch of {n} 64 px crops: num_workers=0 vs autotuned {tuned.best}",
     )

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo
+from pytorchtricks.shards.jpeg import decode_image, image_size
+from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tricks.data._arena import (
     DEFAULT_DIR,
     FORMAT,
@@ -49,7 +51,7 @@ from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
 from pytorchtricks.tricks.data._folder import JpegFolder
-from pytorchtricks.tricks.data._images import decoders, is_encoded, read_item, resize_hwc, to_hwc
+from pytorchtricks.tricks.data._images import is_encoded, read_item, resize_hwc, to_hwc
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
 __all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
@@ -97,10 +99,9 @@ def _short_side(h: int, w: int, size: int | None) -> tuple[int, int]:
 
 
 def _decoded(raw: Any, size: int | None) -> np.ndarray:
-    decode, size_of = decoders()
     if is_encoded(raw):
-        h, w = size_of(raw)
-        return np.ascontiguousarray(decode(raw, size=_short_side(h, w, size)))
+        h, w = image_size(raw)
+        return np.ascontiguousarray(decode_image(raw, size=_short_side(h, w, size)))
     arr = to_hwc(raw)
     return np.ascontiguousarray(resize_hwc(arr, _short_side(arr.shape[0], arr.shape[1], size)))
 
@@ -176,7 +177,7 @@ def _content(dataset: Any, size: int | None, key: str | None) -> str:
     size, the decoder and the arena format are always part of it. A dataset's own ``transform`` is not (a repr
     holds memory addresses): the records hashed and cached are what ``read_raw`` / ``[i]`` return.
     """
-    decode, _ = decoders()
+    decode = decode_image
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
     h = hashlib.sha256(
         json.dumps([FORMAT, size, f"{decode.__module__}.{decode.__qualname__}", len(dataset)]).encode()
@@ -424,11 +425,10 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     cached = cache_in_ram(data, size=128, cache_dir=tempfile.mkdtemp(prefix="ptt-bench-"), num_workers=0)
     base = make_loader(data, n, crop=112, num_workers=0, shuffle=False)
     treat = make_loader(cached, n, crop=112, num_workers=0, shuffle=False)
-    return BenchCase(
-        baseline=lambda: next(iter(base))[0],
-        treated=lambda: next(iter(treat))[0],
-        items_per_call=n,
-        unit="images",
+    return first_batch_case(
+        base,
+        treat,
+        n,
         device=device,
         description=f"{n} images -> RandomResizedCrop 112: decode every time vs decoded arena (short side 128)",
         cleanup=lambda: shutil.rmtree(cached.path, ignore_errors=True),

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import nn
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.fixtures import many_small_tensors
 from pytorchtricks.tunable import TuneHook, TuneSetup
 
 __all__ = ["fast_optimizer"]
@@ -109,10 +109,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     depth, width = (24, 64) if size == "smoke" else (96, 256)
     dev = torch.device(device)
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
-    base = nn.Sequential(*layers).to(dev)
+    base = many_small_tensors(depth, width).to(dev)
     treated = copy.deepcopy(base)
     for p, q in zip(base.parameters(), treated.parameters()):
         p.grad = torch.randn_like(p) * 1e-3

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.fixtures import many_small_tensors
 
 __all__ = ["flatten_parameters_", "flat_parameters"]
 
@@ -103,10 +104,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     depth, width = (24, 64) if size == "smoke" else (96, 256)
     dev = torch.device(device)
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.LayerNorm(width)]
-    ref = nn.Sequential(*layers).to(dev)
+    ref = many_small_tensors(depth, width).to(dev)
     grads = [torch.randn_like(p) * 1e-3 for p in ref.parameters()]
     models = {k: copy.deepcopy(ref) for k in ("loop", "flat", "foreach", "fused")}
     for m in models.values():  # deepcopy does not copy .grad: give every copy the same gradients

@@ -2,7 +2,7 @@
 
 Why: ONNX Runtime is a strong CPU inference engine with no Python in the loop (ResNet-18 layout, 1 thread:
 static int8 QDQ 5.93x / 4.17x over eager fp32 at batch 1 / 8), and ONNX is what serving stacks take.
-When: deploying outside PyTorch, or as a peer to check ``quantize_`` against.
+When: deploying outside PyTorch, or as a peer to check ``quantize`` against.
 Caveats: ``torch.onnx.export`` defaults to the dynamo exporter in torch >= 2.9 (needs ``onnxscript``); shapes are
 static unless ``dynamic_batch=True``. The exported file is checked against PyTorch on the example inputs (max abs
 diff, SQNR) before this returns. ORT dynamic int8 on CNNs is slower than fp32 (0.34-0.50x): use static int8 with

@@ -1,7 +1,7 @@
 """Quantize a model for CPU inference through one facade: static int8, dynamic int8, QAT, bf16/fp16 weights.
 
 Why: int8 conv/matmul on x86 with VNNI runs several times faster than fp32 (ResNet-18 at 160 px, 1 thread, Zen 4:
-PT2E int8 as a oneDNN plan (``compile="onednn"``) 6.58x / 5.08x at batch 1 / 8, 1.17-1.36x ONNX Runtime static
+PT2E int8 as a oneDNN plan (``engine="onednn"``) 6.58x / 5.08x at batch 1 / 8, 1.17-1.36x ONNX Runtime static
 int8, 35.3 dB SQNR; bf16 2.90x / 2.41x; results/avx512_bf16/inference_cpu.md, int8_breakdown.md; Linear-heavy MLPs:
 dynamic int8 5.1-5.5x per ANCHORS). The backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the
 one that works.
@@ -23,9 +23,11 @@ See also: fuse_conv_bn, reparameterize, export_onnx, quantize_lowbit, unshare_mo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,20 +37,20 @@ from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, 
 from pytorchtricks.tricks._cases import inference_case
 from pytorchtricks.tunable import TuneHook, TuneSetup
 
-__all__ = ["quantize_", "Quantized"]
+__all__ = ["quantize", "QuantConfig", "Quantized"]
 
 TRICK = TrickInfo(gains=("speed", "memory"), phase=("infer",), exact=False, needs=("infer",))
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:
     # FX int8 without torch.compile: PT2E's int8 kernels need minutes of compilation on a CPU
-    setup.forward = quantize_(setup.model.eval(), (setup.example,), compile=False, backend="fx")
+    setup.forward = quantize(setup.model.eval(), (setup.example,), QuantConfig(backend="fx", engine="eager"))
 
 
 TUNE = TuneHook(
     changes="step",
     check="approximate",
-    receipt="model = ptt.quantize_(model.eval(), (example_batch,))  # int8; check its SQNR on your data",
+    receipt="model = ptt.quantize(model.eval(), (example_batch,))  # int8; check its SQNR on your data",
     apply=_tune_apply,
     order=75,
     bound="outputs >= 20 dB SQNR vs fp32",
@@ -59,7 +61,7 @@ DEFAULT_MIN_SQNR_DB = {"int8": 20.0, "int8_dynamic": 20.0, "qat_convert": 20.0, 
 
 
 class Quantized(nn.Module):
-    """What ``quantize_`` returns: the quantized callable, how it was built, and its safety report.
+    """What ``quantize`` returns: the quantized callable, how it was built, and its safety report.
 
     Calls run under ``torch.no_grad()``; with ``freezing`` inside inductor's freezing config (so a recompile for a
     new shape freezes too); with ``clone_inputs`` on copies of the inputs; with ``dtype`` on inputs cast to it and
@@ -80,16 +82,16 @@ class Quantized(nn.Module):
         self.inner = inner
         self.mode, self.backend = mode, backend
         self.freezing, self.clone_inputs, self.dtype = freezing, clone_inputs, dtype
-        self.ptt_safety_report: Any = None
+        self.safety_report: Any = None  # what the check measured (SQNR, inputs unchanged, no aliasing)
         # static int8: activations in 0..127 instead of 0..255, and why (``int8_range``: no VNNI -> on)
         self.reduce_range: bool | None = None
         self.reduce_range_reason: str | None = None
-        # AOTInductor (compile="aot"): the loaded package, the input shapes it was built for, and its file
+        # AOTInductor (engine="aot"): the loaded package, the input shapes it was built for, and its file
         self.aot: Any = None
         self.aot_shapes: tuple[tuple[int, ...], ...] | None = None
         self.package_path: str | None = None
         self.aot_error: str | None = None
-        # oneDNN plan (compile="onednn"): the int8 graph and the input shapes it is lowered for; one plan per
+        # oneDNN plan (engine="onednn"): the int8 graph and the input shapes it is lowered for; one plan per
         # thread count (oneDNN fixes a primitive's threads when it is built)
         self.plan_source: tuple[Any, tuple[Any, ...]] | None = None
         self.plan_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -268,17 +270,21 @@ def _fx_qconfig_mapping(reduce_range: bool) -> Any:
     return mapping
 
 
+def _copy(model: nn.Module) -> nn.Module:
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        raise PttError(
+            f"quantize works on a copy of the model and copy.deepcopy failed ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); make the model deep-copyable (no open files, locks or generators as attributes)."
+        ) from exc
+
+
 def _working_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every reused module instance unshared (PT2E's quantizer refuses shared ones)."""
     from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
 
-    try:
-        work = copy.deepcopy(model)
-    except Exception as exc:
-        raise PttError(
-            f"quantize_ works on a copy of the model and copy.deepcopy failed ({type(exc).__name__}: "
-            f"{str(exc)[:200]}); make the model deep-copyable (no open files, locks or generators as attributes)."
-        ) from exc
+    work = _copy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nothing shared / weights untied: both fine on a throw-away copy
         try:
@@ -361,68 +367,98 @@ def _compile(inner: Any) -> Any:
     return torch.compile(inner, dynamic=False)  # dynamic-batch int8 lowering hits a stride bug in torch 2.14
 
 
-def quantize_(
-    model: nn.Module,
-    example_inputs: Any,
-    config: str | None = None,
-    *,
-    calibration: Iterable[Any] | None = None,
-    calibration_batches: int = 32,
-    backend: str = "auto",
-    compile: bool | str = True,
-    check: bool = True,
-    min_sqnr_db: float | None = None,
-    clone_inputs: bool = False,
-    reduce_range: bool | None = None,
-) -> nn.Module:
-    """Quantize ``model`` for CPU inference; returns the quantized callable (a ``Quantized`` module).
+ENGINES = ("eager", "compile", "aot", "onednn")
+
+
+@dataclass(frozen=True, eq=False)
+class QuantConfig:
+    """How ``quantize`` builds the model: what precision, calibrated on what, run by which engine.
 
     Args:
-        config: ``None``/``"int8"`` (static int8, calibrated), ``"int8_dynamic"`` (Linear/LSTM/GRU),
-            ``"qat"`` (returns a fake-quantized trainable graph), ``"qat_convert"`` (its int8 form),
-            ``"bf16"`` or ``"fp16"`` (weights converted in place, inputs cast on the way in).
-        calibration: batches of real inputs (tensors or ``(inputs, labels)``); default: ``example_inputs``.
-        backend: ``"auto"`` (PT2E when torchao is installed, else FX), ``"pt2e"`` or ``"fx"``.
-        compile: ``torch.compile`` the result (with freezing for int8: real int8 kernels; the first call compiles).
-            ``"aot"`` (PT2E int8): also build an AOTInductor package for the example's shapes, which runs without
-            guards or a Python wrapper (``q.package_path``; other shapes use the compiled path).
-            ``"onednn"`` (PT2E int8): as ``"aot"``, and lower the graph to a oneDNN plan for the example's shapes -
-            each int8 op one prebuilt primitive of the system oneDNN (``libdnnl2``), no per-op set-up; calls of
-            that shape run it (``q.plan()``; ``q.plan_error`` says why when it could not be built).
-        check: run the safety check on ``example_inputs`` (SQNR >= ``min_sqnr_db``, inputs unchanged, no aliasing).
+        precision: ``"int8"`` (static int8, calibrated), ``"int8_dynamic"`` (Linear/LSTM/GRU), ``"qat"`` (returns a
+            fake-quantized trainable graph), ``"qat_convert"`` (its int8 form), ``"bf16"`` or ``"fp16"`` (weights
+            converted, inputs cast on the way in).
+        calibration: batches of real inputs (tensors or ``(inputs, labels)``); default: the example inputs.
+        calibration_batches: at most this many of them are used.
+        reduce_range: static int8 activations in 0..127 (``None``: on exactly when this CPU has no VNNI, where the
+            8-bit kernels saturate; FX: always on). ``q.reduce_range_reason`` says what was chosen and why.
+        backend: the int8 quantization flow: ``"auto"`` (PT2E when torchao is installed, else FX), ``"pt2e"``, ``"fx"``.
+        engine: what runs the result: ``"eager"``; ``"compile"`` (``torch.compile``, with freezing for PT2E int8: real
+            int8 kernels; the first call compiles); ``"aot"`` (PT2E int8: also an AOTInductor package for the
+            example's shapes, no guards or Python wrapper per call; ``q.package_path``); ``"onednn"`` (as ``"aot"``,
+            and the graph lowered to a oneDNN plan for the example's shapes - each int8 op one prebuilt primitive of
+            the system oneDNN, ``libdnnl2``; ``q.plan()``, ``q.plan_error`` says why when it could not be built).
+            Other shapes use the compiled path.
+        check: run the safety check on the example inputs (SQNR >= ``min_sqnr_db``, inputs unchanged, no aliasing).
+        min_sqnr_db: the check's floor (default per precision: ``DEFAULT_MIN_SQNR_DB``).
         clone_inputs: call the quantized graph on copies of the inputs (the fix when the check finds mutation).
-        reduce_range: static int8 activations in 0..127 (``None``: on exactly when this CPU has no VNNI, where
-            the 8-bit kernels saturate; FX: always on). ``q.reduce_range_reason`` says what was chosen and why.
+    """
 
-    Reused module instances (one ``self.relu`` called twice) are handled: int8 and QAT work on an unshared copy.
+    precision: str = "int8"
+    calibration: Iterable[Any] | None = None
+    calibration_batches: int = 32
+    reduce_range: bool | None = None
+    backend: str = "auto"
+    engine: str = "compile"
+    check: bool = True
+    min_sqnr_db: float | None = None
+    clone_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in MODES:
+            raise PttError(f"unknown precision {self.precision!r}; use one of {', '.join(MODES)}.")
+        if self.backend not in ("auto", "pt2e", "fx"):
+            raise PttError(f"unknown backend {self.backend!r}; use auto, pt2e or fx.")
+        if self.engine not in ENGINES:
+            raise PttError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}.")
+
+    def replace(self, **changes: Any) -> QuantConfig:
+        """A copy with ``changes`` (``QuantConfig(engine="aot").replace(clone_inputs=True)``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | None = None) -> Any:
+    """Quantize ``model`` for CPU inference; returns the quantized callable (a ``Quantized`` module).
+
+    ``config``: a ``QuantConfig``, or a precision name as shorthand (``quantize(m, x, "bf16")``), default static
+    int8 compiled. The model is not changed: every precision works on a copy (int8 and QAT with reused module
+    instances unshared), so keep using the return value. ``"qat"`` returns the trainable fake-quantized graph, which
+    ``quantize(graph, x, "qat_convert")`` turns into int8 after training.
 
     Example:
         >>> m = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).eval()
-        >>> q = ptt.quantize_(m, torch.randn(8, 16), "int8_dynamic")
-        >>> q.mode, q.ptt_safety_report.sqnr_db > 20
+        >>> q = ptt.quantize(m, torch.randn(8, 16), "int8_dynamic")
+        >>> q.mode, q.safety_report.sqnr_db > 20
         ('int8_dynamic', True)
+        >>> q = ptt.quantize(m, torch.randn(8, 16), ptt.QuantConfig("bf16", engine="eager"))
+        >>> q.dtype, next(m.parameters()).dtype  # the caller's model stays fp32
+        (torch.bfloat16, torch.float32)
     """
-    mode = config or "int8"
-    if mode not in MODES:
-        raise PttError(f"unknown quantization config {mode!r}; use one of {', '.join(MODES)}.")
-    if backend not in ("auto", "pt2e", "fx"):
-        raise PttError(f"unknown backend {backend!r}; use auto, pt2e or fx.")
-    if compile not in (True, False, "aot", "onednn"):
-        raise PttError(f"compile must be True, False, 'aot' or 'onednn', not {compile!r}.")
-    plan = compile == "onednn"
-    aot = compile in ("aot", "onednn")
-    compile = bool(compile)
+    if config is None or isinstance(config, str):
+        config = QuantConfig(config or "int8")
+    if not isinstance(config, QuantConfig):
+        raise PttError(
+            f"config must be a QuantConfig or a precision name, not {type(config).__name__}; "
+            "e.g. ptt.QuantConfig('int8', calibration=batches, engine='onednn')."
+        )
+    mode = config.precision
+    reduce_range, backend = config.reduce_range, config.backend
+    calibration, calibration_batches = config.calibration, config.calibration_batches
+    check, min_sqnr_db, clone_inputs = config.check, config.min_sqnr_db, config.clone_inputs
+    plan = config.engine == "onednn"
+    aot = config.engine in ("aot", "onednn")
+    compile = config.engine != "eager"
     example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
     if mode == "qat":
         return _prepare_qat(model, example, reduce_range)
     if model.training and mode != "qat_convert":
-        raise PttError(f"quantize_({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
+        raise PttError(f"quantize({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
     from pytorchtricks.safety import check_transform, reference_outputs
 
     if mode == "qat_convert":
         if not isinstance(model, torch.fx.GraphModule):
             raise PttError(
-                "qat_convert takes the graph that quantize_(model, x, 'qat') returned, after training."
+                "qat_convert takes the graph that quantize(model, x, 'qat') returned, after training."
             )
         pt2e = require("torchao.quantization.pt2e", "infer", package="torchao")
         pt2e.move_exported_model_to_eval(model)
@@ -463,7 +499,7 @@ def quantize_(
         except Exception as exc:
             raise PttError(
                 f"qat_convert failed ({type(exc).__name__}: {str(exc)[:200]}); pass the graph that "
-                "quantize_(model, x, 'qat') returned, after training."
+                "quantize(model, x, 'qat') returned, after training."
             ) from exc
         result = Quantized(_compile(inner) if compile else inner, mode, "pt2e", freezing=compile)
         result.reduce_range, result.reduce_range_reason = getattr(model, "meta", {}).get(
@@ -477,12 +513,12 @@ def quantize_(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            quantize_dynamic(model, set(kinds), dtype=torch.qint8, inplace=True)
-        result = Quantized(model, mode, "torch.ao.dynamic")
+            dynamic = quantize_dynamic(_copy(model), set(kinds), dtype=torch.qint8)
+        result = Quantized(dynamic, mode, "torch.ao.dynamic")
     else:
         dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-        model.to(dtype)
-        result = Quantized(_compile(model) if compile else model, mode, "cast", freezing=compile, dtype=dtype)
+        cast = _copy(model).to(dtype)
+        result = Quantized(_compile(cast) if compile else cast, mode, "cast", freezing=compile, dtype=dtype)
     result.clone_inputs = clone_inputs
     if ref is not None:
         floor = DEFAULT_MIN_SQNR_DB[mode] if min_sqnr_db is None else min_sqnr_db
@@ -493,9 +529,9 @@ def quantize_(
         except Exception as exc:  # the first call compiles (Inductor) or runs kernels for the first time
             raise PttError(
                 f"the {mode} model failed on its first call ({type(exc).__name__}: {str(exc)[:300]}); "
-                "retry with compile=False" + (" or backend='fx'" if mode == "int8" else "") + "."
+                "retry with engine='eager'" + (" or backend='fx'" if mode == "int8" else "") + "."
             ) from exc
-        result.ptt_safety_report = report
+        result.safety_report = report
     return result
 
 
@@ -509,9 +545,8 @@ def _has_torchao() -> bool:
 
 def _prepare_qat(model: nn.Module, example: tuple[Any, ...], reduce_range: bool | None) -> nn.Module:
     pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
-    model.train()
     rr, why = int8_range("pt2e", reduce_range)
-    graph = _export(_working_copy(model), example)
+    graph = _export(_working_copy(model).train(), example)
     try:
         prepared = pt2e.prepare_qat_pt2e(graph, _x86_quantizer(is_qat=True, reduce_range=rr))
     except Exception as exc:
@@ -526,7 +561,7 @@ def _prepare_qat(model: nn.Module, example: tuple[Any, ...], reduce_range: bool 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Linear-heavy MLP: fp32 eager vs dynamic int8 (static int8 CNNs are in benchmarks/inference_cpu.py)."""
     if device != "cpu":
-        raise PttError("quantize_ targets CPU inference; run its bench case with --device cpu.")
+        raise PttError("quantize targets CPU inference; run its bench case with --device cpu.")
     width, batch = (256, 16) if size == "smoke" else (1024, 64)
     torch.manual_seed(0)
     base = nn.Sequential(
@@ -534,7 +569,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     )
     base.eval()
     x = torch.randn(batch, width)
-    treated = quantize_(copy.deepcopy(base), x, "int8_dynamic")
+    treated = quantize(base, x, "int8_dynamic")
 
     def check(a: torch.Tensor, b: torch.Tensor) -> None:
         from pytorchtricks.safety import sqnr_db

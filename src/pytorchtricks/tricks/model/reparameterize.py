@@ -8,7 +8,7 @@ When: after training, before export/quantization. Ships ``ptt.RepVGGBlock`` and 
 ``reparameterize_()`` method (switch itself in place to its deploy form) is converted, as is third-party code that
 names the same act ``switch_to_deploy()``.
 Caveats: eval mode only. RepVGG collapses under plain per-tensor int8 PTQ (52.2% top-1 in the QARepVGG paper):
-check SQNR after quantizing (``quantize_`` does) or train quantization-aware.
+check SQNR after quantizing (``quantize`` does) or train quantization-aware.
 See also: fuse_conv_bn, quantize, 推理加速 / 结构重参数化.
 """
 

@@ -91,7 +91,6 @@ def _load() -> Any:
             "dnnl_post_ops_destroy": [vp],
             "dnnl_post_ops_append_sum_v3": [vp, f, ctypes.c_int32, i],
             "dnnl_post_ops_append_eltwise": [vp, f, i, f, f],
-            "dnnl_convolution_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp],
             "dnnl_dilated_convolution_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp, vp],
             "dnnl_pooling_v2_forward_desc_init": [vp, i, i, vp, vp, vp, vp, vp, vp, vp],
             "dnnl_inner_product_forward_desc_init": [vp, i, vp, vp, vp, vp],

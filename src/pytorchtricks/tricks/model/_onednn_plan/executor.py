@@ -333,39 +333,22 @@ class OnednnPlan:
         desc = ctypes.create_string_buffer(_DESC_BYTES)
         self._keep.append(desc)
         pad = _dims(padding)
-        if any(d != 1 for d in dilation):
-            _check(
-                self._lib.dnnl_dilated_convolution_forward_desc_init(
-                    desc,
-                    FORWARD_INFERENCE,
-                    CONVOLUTION_DIRECT,
-                    src_md,
-                    w_any_md,
-                    b_md,
-                    dst_md,
-                    _dims(stride),
-                    _dims([d - 1 for d in dilation]),
-                    pad,
-                    pad,
-                ),
-                "a dilated convolution",
-            )
-        else:
-            _check(
-                self._lib.dnnl_convolution_forward_desc_init(
-                    desc,
-                    FORWARD_INFERENCE,
-                    CONVOLUTION_DIRECT,
-                    src_md,
-                    w_any_md,
-                    b_md,
-                    dst_md,
-                    _dims(stride),
-                    pad,
-                    pad,
-                ),
-                "a convolution",
-            )
+        _check(  # oneDNN counts dilation from 0 (torch from 1): 0 is a plain convolution, the same kernels
+            self._lib.dnnl_dilated_convolution_forward_desc_init(
+                desc,
+                FORWARD_INFERENCE,
+                CONVOLUTION_DIRECT,
+                src_md,
+                w_any_md,
+                b_md,
+                dst_md,
+                _dims(stride),
+                _dims([d - 1 for d in dilation]),
+                pad,
+                pad,
+            ),
+            "a convolution",
+        )
         self._fused(p, desc, w_user_md, src_md, dst_md, oc, out, "conv")
 
     def linear(self, p: _Pending, out: _QValue | None, out_float: tuple[int, ...] | None) -> None:
