@@ -35,7 +35,7 @@ CALIBRATION, HELD_OUT = 16, 48  # photos: the first 16 calibrate int8, the next 
 
 
 def photos(shape: tuple[int, ...], batches: int) -> list[torch.Tensor]:
-    from pytorchtricks.bench.optimize import load_calibration
+    from pytorchtricks.infer.pipeline import load_calibration
 
     tmp = tempfile.mkdtemp(prefix="ptt-calib-")
     files = sorted({f for g in PHOTO_GLOBS for f in glob.glob(g)})[: shape[0] * batches]
@@ -51,8 +51,8 @@ def build_variants(batch: int, px: int, quick: bool) -> tuple[dict[str, Any], di
     import torchvision
 
     import pytorchtricks as ptt
-    from pytorchtricks.bench.optimize import optimize
     from pytorchtricks.fixtures import randomize_bn_
+    from pytorchtricks.infer.pipeline import optimize
     from pytorchtricks.tricks.model._rep_blocks import repvgg_net
     from pytorchtricks.tricks.model.export_onnx import OnnxRunner, quantize_onnx_static
 

@@ -85,8 +85,8 @@ def run(batch: int, threads: int, rounds: int) -> dict[str, Any]:
     import torchvision
 
     import pytorchtricks as ptt
-    from pytorchtricks.bench.optimize import optimize
     from pytorchtricks.fixtures import randomize_bn_
+    from pytorchtricks.infer.pipeline import optimize
     from pytorchtricks.tricks.model.export_onnx import OnnxRunner, quantize_onnx_static
 
     torch.set_num_threads(threads)

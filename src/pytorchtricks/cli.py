@@ -727,8 +727,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     import torch
     from rich.table import Table
 
-    from pytorchtricks.bench import optimize as opt_mod
     from pytorchtricks.bench.workloads import load_model, parse_shape
+    from pytorchtricks.infer import pipeline as opt_mod
 
     shape = parse_shape(args.input_shape)
     if args.export and not args.out:

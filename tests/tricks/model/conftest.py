@@ -37,7 +37,7 @@ def photos_160(tmp_path_factory: pytest.TempPathFactory) -> list[torch.Tensor]:
 
     Built once per session from the Debian wallpapers (``make system-deps``): 64 distinct crops, fixed seed.
     """
-    from pytorchtricks.bench.optimize import load_calibration
+    from pytorchtricks.infer.pipeline import load_calibration
     from pytorchtricks.shards.photoset import build_photo_set, wallpaper_sources
 
     if not wallpaper_sources():

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
-from pytorchtricks.bench.optimize import optimize
 from pytorchtricks.cli import main
 from pytorchtricks.fixtures import randomize_bn_
+from pytorchtricks.infer.pipeline import optimize
 
 
 class Net(nn.Module):
