@@ -4,6 +4,7 @@ Variants, timed interleaved per configuration (``clock.compare``): eager fp32, c
 (``fuse_conv_bn_``), compile + freezing, bf16 (+ compile + freezing), int8 (ours: the ``ptt optimize --int8``
 pipeline), ONNX Runtime fp32 and static int8 (QDQ), 50% channels physically removed (eager), and RepVGG train vs
 deploy form. int8 is calibrated on real photos (Debian wallpaper packages) and its SQNR vs fp32 is measured on them.
+The picker's choice row is the file `ptt optimize --precision any` hands back for that batch and thread count.
 
     make bench-infer                      # full run; writes results/<cpu class>/inference_cpu.{jsonl,md}
     python benchmarks/inference_cpu.py --rounds 3 --quick
@@ -31,6 +32,7 @@ PHOTO_GLOBS = (
     "/usr/share/backgrounds/mate/*/*.jpg",
     "/usr/share/wallpapers/*/*/*/*.jpg",
 )
+PICKED = "picker's choice (ptt optimize --precision any)"
 CALIBRATION, HELD_OUT = 16, 48  # photos: the first 16 calibrate int8, the next 48 measure SQNR
 
 
@@ -98,16 +100,47 @@ def build_variants(batch: int, px: int, quick: bool) -> tuple[dict[str, Any], di
     with torch.no_grad():
         sq["RepVGG-A0 deploy form"] = sqnr_db(rep_train(x), fns["RepVGG-A0 deploy form"](x))
     warnings.simplefilter("default")
-    return fns, sq, x
+    return fns, sq, x, calib, held, base
+
+
+def picker_choice(
+    base: Any,
+    x: torch.Tensor,
+    calib: list[torch.Tensor],
+    held: list[torch.Tensor],
+    threads: int,
+    workdir: str,
+) -> tuple[str, Any, float]:
+    """What ``ptt optimize --precision any`` hands back for this batch and thread count: (its name, the loaded
+    file, its SQNR on the held-out photos).
+
+    The candidates' files are built once per batch (``workdir``) and loaded, checked and timed at each thread count.
+    """
+    from pytorchtricks.infer import artefacts
+    from pytorchtricks.infer.picker import pick_artefact
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        picked = pick_artefact(base, x, calibration=calib, held_out=held[:8], precision="any", threads=threads,
+                               rounds=3, workdir=workdir, reuse_files=True)  # fmt: skip
+    win = picked.winner
+    if win is None or win.path is None:
+        raise SystemExit(f"the picker found no candidate for batch {x.shape[0]}, {threads} threads")
+    fn = artefacts.load(win.kind, win.path, input_shapes=[tuple(x.shape)], threads=threads)
+    return win.name, fn, float(win.sqnr_db or float("nan"))
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for batch in args.batches:
-        fns, sq, x = build_variants(batch, args.px, args.quick)
+        fns, sq, x, calib, held, base = build_variants(batch, args.px, args.quick)
         x_cl = x.contiguous(memory_format=torch.channels_last)
+        workdir = tempfile.mkdtemp(prefix=f"ptt-pick-b{batch}-")
         for threads in args.threads:
             torch.set_num_threads(threads)
+            picked = None
+            if not args.quick:  # the file ptt optimize writes, in the same interleaved run as every variant
+                picked, fns[PICKED], sq[PICKED] = picker_choice(base, x, calib, held, threads, workdir)
             for name in (
                 "ORT fp32",
                 "ORT static int8",
@@ -148,6 +181,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "speedup_q3": res.ratio_q3,
                         "repvgg_deploy_vs_train": rep if name.startswith("RepVGG") else None,
                         "sqnr_db": sq.get(name),
+                        "picked": picked if name == PICKED else None,
                         "rounds": cmp.rounds,
                         "env": env,
                     }
@@ -165,7 +199,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         cells = []
         for b, t in configs:
             r = next((r for r in rows if r["variant"] == n and r["batch"] == b and r["threads"] == t), None)
-            cells.append("-" if r is None else f"{r['speedup_vs_eager']:.2f}x ({r['median_s'] * 1e3:.1f} ms)")
+            cell = "-" if r is None else f"{r['speedup_vs_eager']:.2f}x ({r['median_s'] * 1e3:.1f} ms)"
+            if r is not None and r.get("picked"):
+                cell += f": {r['picked']}, {r['sqnr_db']:.1f} dB"
+            cells.append(cell)
         sq = next((r["sqnr_db"] for r in rows if r["variant"] == n), None)
         sq_s = "-" if sq is None or sq != sq else ("inf" if sq == float("inf") else f"{sq:.1f}")
         out.append(f"| {n} | {sq_s} | " + " | ".join(cells) + " |")

@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "RepVGGBlock": "pytorchtricks.tricks.model._rep_blocks",
     "ACBlock": "pytorchtricks.tricks.model._rep_blocks",
     "quantize": "pytorchtricks.tricks.model.quantize",
+    "load_artefact": "pytorchtricks.infer.artefacts",
     "QuantConfig": "pytorchtricks.tricks.model.quantize",
     "Quantized": "pytorchtricks.tricks.model.quantize",
     "export_onnx": "pytorchtricks.tricks.model.export_onnx",

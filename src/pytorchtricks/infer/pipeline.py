@@ -1,18 +1,15 @@
-"""The inference pipeline behind ``ptt optimize``: unshare -> fuse -> reparameterize -> quantize -> compile.
+"""The staged inference pipeline: unshare -> fuse -> reparameterize -> quantize or compile, each step checked.
 
-Each step runs its safety check (outputs vs the original model on the example inputs, caller's inputs unchanged);
-the stages are then timed interleaved against eager fp32 (``clock.compare``), so the table shows what each
-step bought and what it cost in SQNR.
+Each step runs its safety check (outputs vs the original model on the example inputs, caller's inputs unchanged)
+and keeps its stage (``Optimized.stages``), which the inference benchmarks time against eager fp32. ``ptt optimize``
+itself picks among whole engines (``picker``); ``load_calibration`` reads its ``--calibrate`` folder.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -177,73 +174,3 @@ def _quantize(model: nn.Module, example: tuple[Any, ...], calibration: Any, *, c
                 raise
             # the oneDNN in-place sum trap: keep int8, protect the caller's tensors with a copy per call
             return quantize(model, example, config.replace(clone_inputs=True))
-
-
-def _compile_mode(model: Any) -> str:
-    return "onednn" if getattr(model, "plan_source", None) is not None else "aot"
-
-
-def time_stages(opt: Optimized, example_inputs: Any, *, rounds: int = 5, min_run_time_s: float = 0.2) -> None:
-    """Time every stage interleaved vs eager fp32 and store the speed-ups on the steps."""
-    from pytorchtricks.clock import compare
-
-    example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
-
-    def call(fn: Callable[..., Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            with torch.no_grad():
-                return fn(*example)
-
-        return run
-
-    variants = {name: call(fn) for name, fn in opt.stages.items()}
-    cmp = compare(variants, baseline="eager fp32", rounds=rounds, min_run_time_s=min_run_time_s)
-    for step in opt.steps:
-        if step.name in cmp.variants:
-            res = cmp[step.name]
-            step.speedup, step.speedup_q1, step.speedup_q3 = res.ratio, res.ratio_q1, res.ratio_q3
-
-
-def save(opt: Optimized, path: str, *, spec: str, input_shape: Sequence[int], int8: bool) -> str:
-    """Save the rewritten fp32 state dict (atomic) and ``PATH.json`` saying how to rebuild the optimized model.
-
-    With an int8 AOTInductor package (``ptt optimize --int8``), also ``PATH.pt2``: the compiled int8 model for
-    ``input_shape``, loadable without the model's code (``torch._inductor.aoti_load_package``).
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    os.close(fd)
-    torch.save(opt.fp32_model.state_dict(), tmp)
-    os.replace(tmp, path)
-    shape = ",".join(str(d) for d in input_shape)
-    recipe = {
-        "format": "pytorchtricks.optimize/1",
-        "model": spec,
-        "input_shape": list(input_shape),
-        "int8": int8,
-        "steps": [s.as_dict() for s in opt.steps],
-        "rebuild": [
-            "import torch, pytorchtricks as ptt",
-            "from pytorchtricks.bench.workloads import load_model",
-            f"m = load_model({spec!r}).eval()",
-            f"x = torch.randn({shape})",
-            "ptt.unshare_modules_(m); ptt.fuse_conv_bn_(m, x); ptt.reparameterize_(m, x)",
-            f"m.load_state_dict(torch.load({os.path.basename(path)!r}, weights_only=True))",
-            f"m = ptt.quantize(m, x, ptt.QuantConfig(calibration=YOUR_BATCHES, engine={_compile_mode(opt.model)!r}))"
-            if int8
-            else "m = ptt.compile_(m, for_inference=True)",
-        ],
-    }
-    package = getattr(opt.model, "package_path", None)
-    if int8 and package:
-        shutil.copyfile(package, path + ".pt2.tmp")
-        os.replace(path + ".pt2.tmp", path + ".pt2")
-        recipe["package"] = {
-            "file": os.path.basename(path) + ".pt2",
-            "input_shapes": [list(s) for s in getattr(opt.model, "aot_shapes", None) or [input_shape]],
-            "load": f"m = torch._inductor.aoti_load_package({os.path.basename(path) + '.pt2'!r}); y = m(x)",
-        }
-    with open(path + ".json.tmp", "w", encoding="utf-8") as fh:
-        json.dump(recipe, fh, indent=2)
-    os.replace(path + ".json.tmp", path + ".json")
-    return path + ".json"
