@@ -120,7 +120,9 @@ def rounding_sqnr_db(gm: Any, example: tuple[Any, ...]) -> float:
     return float(sqnr_db(_flat(unrounded), _flat(rounded)))
 
 
-def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None = None) -> OnednnPlan:
+def build_plan(
+    gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None = None, allow_saturation: bool = False
+) -> OnednnPlan:
     """Lower a converted PT2E int8 graph module to a ``OnednnPlan`` for ``example``'s shapes.
 
     The plan is checked against the graph it replaces on ``example``. Where the kernels can represent every sum
@@ -130,7 +132,9 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None =
     the same values. Its distance from the graph is then at most its own rounding error plus the graph's (triangle
     inequality): twice the graph's in amplitude, so the default floor is 6 dB below ``rounding_sqnr_db`` - a floor
     set by the int8 step sizes of this graph, not by a machine. ``min_sqnr_db`` sets a floor instead. Raises
-    ``PlanUnsupported`` naming the first node it cannot lower, or the failed check.
+    ``PlanUnsupported`` naming the first node it cannot lower, or the failed check. ``allow_saturation`` builds
+    8-bit activations on a CPU without VNNI anyway (to measure what the saturation costs; pair it with a low
+    ``min_sqnr_db``).
     """
     from pytorchtricks.safety import sqnr_db
 
@@ -143,7 +147,7 @@ def build_plan(gm: Any, example: tuple[Any, ...], *, min_sqnr_db: float | None =
     if not refs or not all(isinstance(r, torch.Tensor) for r in refs):
         raise PlanUnsupported(f"a graph that returns {type(ref).__name__}")
     _record_shapes(gm, example)
-    plan = _Lowering(gm, example, OnednnPlan(lib)).run()
+    plan = _Lowering(gm, example, OnednnPlan(lib), allow_saturation=allow_saturation).run()
     if plan.num_outputs != len(refs):
         raise PlanUnsupported("the graph's outputs do not match what it returns")
     plan.returns_like(ref)
@@ -230,8 +234,11 @@ class _Lowering:
     and the output scale are one primitive.
     """
 
-    def __init__(self, gm: Any, example: tuple[Any, ...], plan: OnednnPlan) -> None:
+    def __init__(
+        self, gm: Any, example: tuple[Any, ...], plan: OnednnPlan, *, allow_saturation: bool = False
+    ) -> None:
         self.gm, self.example, self.plan = gm, example, plan
+        self.allow_saturation = allow_saturation
         plan.shapes = tuple(tuple(a.shape) for a in example)
         plan.n_inputs = len(example)
         self.nodes = list(gm.graph.nodes)
@@ -348,7 +355,7 @@ class _Lowering:
 
     def _matmul_like(self, node: Any, kind: str, rank: int) -> _Pending:
         x = self.input_q(node)
-        risk = saturation_risk(x.qmax)
+        risk = None if self.allow_saturation else saturation_risk(x.qmax)
         if risk is not None:
             raise PlanUnsupported(f"{node.name}: {risk}")
         args = node.args
