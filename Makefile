@@ -16,7 +16,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-compression ffcv-env
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -217,6 +217,11 @@ bench-infer: setup system-deps
 # set-up, guard check and the rest of the compiled graph, next to ORT static int8 -> $(RESULTS)/int8_breakdown.*
 bench-int8-breakdown: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/int8_breakdown.py --threads 1 2 --out $(RESULTS)/int8_breakdown
+
+# Where fp32 inference time goes, PyTorch eager (NCHW, channels_last) vs ONNX Runtime, per op kind, 1 thread
+# -> $(RESULTS)/fp32_breakdown.*
+bench-fp32-breakdown: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/fp32_breakdown.py --out $(RESULTS)/fp32_breakdown
 
 # int8 without VNNI: SQNR through oneDNN's AVX2 kernels for 8-bit (saturating), 7-bit activations and 7-bit weights
 # -> $(RESULTS)/int8_no_vnni.* (accuracy only, no timing)
