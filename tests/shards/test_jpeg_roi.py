@@ -337,3 +337,16 @@ def test_loader_batches_identical_with_and_without_the_window(photo: np.ndarray)
     assert len(a) == len(b) == 2
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_folder_others_can_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path))
+    folder = Path(jpeg_roi.library_path()).parent
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)  # world-writable: someone else could plant the library
+    jpeg_roi.reset()
+    try:
+        assert jpeg_roi.window_decoder() is None
+        assert "not private" in jpeg_roi.unavailable_reason()
+    finally:
+        jpeg_roi.reset()

@@ -9,7 +9,8 @@ ctypes cannot catch: so a ~100-line C shim (``_SOURCE``: an error manager with `
 as a string) is compiled at first use with the system C compiler against the Debian headers
 (``libjpeg62-turbo-dev``) into ``$PTT_CACHE_DIR`` (``$XDG_CACHE_HOME/pytorchtricks``, ``~/.cache/pytorchtricks``)
 and loaded with ctypes. The file name carries the hash of the source, so a changed shim builds anew; the build
-writes a temp file and renames it (atomic), under a file lock (workers starting together build once).
+writes a temp file and renames it (atomic), under a file lock (workers starting together build once); a folder or
+library another user could have written is refused (it would be loaded as code).
 
 No compiler, no headers or a load failure: ``window_decoder()`` is None with the reason (``unavailable_reason``)
 and ``shards.jpeg`` uses its other backends. Progressive JPEGs (every scan must be read before any pixel),
@@ -186,7 +187,8 @@ def build(path: str) -> None:
     if cc is None:
         raise OSError("no C compiler (cc/gcc) on PATH: apt-get install gcc (`make system-deps` does it)")
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    check_private(folder)
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building it: wait, then reuse its file
         if os.path.exists(path):
@@ -206,6 +208,16 @@ def build(path: str) -> None:
             os.replace(out, path)
 
 
+def check_private(folder: str) -> None:
+    """Refuse (``OSError``) a shim folder another user could write to: the library in it is loaded as code."""
+    st = os.stat(folder)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(
+            f"{folder} is not private to this user (owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); the "
+            "JPEG window shim is not loaded from it: set PTT_CACHE_DIR to a folder of your own"
+        )
+
+
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}
 
@@ -219,6 +231,9 @@ def _load() -> Any:
             path = library_path()
             if not os.path.exists(path):
                 build(path)
+            check_private(os.path.dirname(path))
+            if os.stat(path).st_uid != os.getuid():
+                raise OSError(f"{path} belongs to another user; the JPEG window shim is not loaded from it")
             handle = ctypes.CDLL(
                 path
             )  # ctypes drops the GIL during each call: decodes run in parallel threads
