@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/ptt-bench-data")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", cpu_caps().cpu_class))
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--tag", default=None, help="results name part (default: '<min-mp>mp')")
     args = ap.parse_args(argv)
     photos = args.photos
     if photos is None:
@@ -122,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.note:
         md += ["", "Notes:", ""] + [f"- {x}" for x in args.note]
     os.makedirs(args.out, exist_ok=True)
-    write_results(
-        os.path.join(args.out, f"roi_decode-{args.min_mp:g}mp-{len(jobs)}"), rows, "\n".join(md) + "\n"
-    )
+    tag = args.tag or f"{args.min_mp:g}mp"
+    write_results(os.path.join(args.out, f"roi_decode-{tag}-{len(jobs)}"), rows, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 
