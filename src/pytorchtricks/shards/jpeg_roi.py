@@ -234,9 +234,8 @@ def _load() -> Any:
             check_private(os.path.dirname(path))
             if os.stat(path).st_uid != os.getuid():
                 raise OSError(f"{path} belongs to another user; the JPEG window shim is not loaded from it")
-            handle = ctypes.CDLL(
-                path
-            )  # ctypes drops the GIL during each call: decodes run in parallel threads
+            # ctypes drops the GIL during each call: decodes in several threads run in parallel
+            handle = ctypes.CDLL(path)
             handle.ptt_roi_version.restype = ctypes.c_int
             handle.ptt_roi_decode.restype = ctypes.c_int
             handle.ptt_roi_decode.argtypes = [
@@ -249,7 +248,7 @@ def _load() -> Any:
                 ctypes.c_char_p,
                 ctypes.c_int,
             ]
-            if handle.ptt_roi_version() < 1005000:
+            if handle.ptt_roi_version() < 1005000:  # the headers' version; the shim links that library
                 raise OSError(f"libjpeg-turbo {handle.ptt_roi_version()} has no window decode (needs >= 1.5)")
             lib = handle
         except (OSError, subprocess.SubprocessError) as exc:
