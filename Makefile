@@ -13,10 +13,11 @@ CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS))
 # Debian packages with real data: Fashion-MNIST and wallpaper photos (see ../shared/ANCHORS.md section 5).
 APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers
-APT_SYSTEM := chromium libturbojpeg0 libdnnl2
+# libjpeg62-turbo-dev + gcc: the region-of-interest JPEG decode compiles its small C shim against them at first use
+APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env bench-data-hires bench-roi-decode
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -143,6 +144,20 @@ IMAGES ?= 10000
 DATA_ROUNDS ?= 2
 bench-data: setup data peers-env ffcv-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --images $(IMAGES) --rounds $(DATA_ROUNDS) --out $(RESULTS)
+	$(MAKE) --no-print-directory bench-data-hires
+
+# The high-resolution set (>= 2 MP photos at native resolution, built once under /tmp/ptt-bench-data): ImageFolder,
+# make_loader with and without the region-of-interest decode, DALI CPU's ROI decoder and FFCV; batch 64, 2 workers.
+HIRES_IMAGES ?= 400
+HIRES_ROUNDS ?= 3
+HIRES_SYSTEMS ?= imagefolder,ptt-files-nowindow,ptt-files,dali-cpu,ffcv
+bench-data-hires: setup system-deps peers-env ffcv-env
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --set hires --images $(HIRES_IMAGES) --batch 64 \
+	  --rounds $(HIRES_ROUNDS) --systems $(HIRES_SYSTEMS) --out $(RESULTS)
+
+# Decode only, one thread: the crop's window vs the whole image at the same DCT scale -> $(RESULTS)/roi_decode-*.
+bench-roi-decode: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/roi_decode.py --n 200 --rounds 5 --out $(RESULTS)
 
 # `ptt tune` on a model with planted problems (conv bias before BN, fp32 on a bf16 CPU, input-bound loader), twice:
 # both recommendations and the verify run (combined vs each single trick) -> $(RESULTS)/tune-planted.{jsonl,md}.

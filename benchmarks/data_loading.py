@@ -10,6 +10,12 @@ drift on a shared machine hits every system alike; the table reports medians ove
 
     make bench-data                          # full size: every image of data/photos (>= 10,000)
     .venv/bin/python benchmarks/data_loading.py --images 2000 --rounds 2
+    make bench-data-hires                    # the high-resolution set: >= 2 MP photos at native resolution
+
+``--set hires`` builds (once, under ``--work``) a set of high-resolution photos instead: crops of at least
+``--min-mp`` megapixels kept at the wallpapers' native resolution (``photoset.build_photo_set(min_mp=...)``), the
+seed's case; there ``ptt-files`` (the region-of-interest decode: only the crop's window) runs beside
+``ptt-files-nowindow`` (the same loader decoding the whole image at the DCT scale) and DALI's CPU ROI decoder.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ BATCH, WORKERS, CROP = 256, 2, 224
 # system -> (environment, description)
 SYSTEMS: dict[str, tuple[str, str]] = {
     "imagefolder": ("core", "torchvision ImageFolder + PIL RandomResizedCrop (baseline)"),
-    "ptt-files": ("core", "ptt make_loader on the JPEG files (crop-aware scaled decode)"),
+    "ptt-files": (
+        "core",
+        "ptt make_loader on the JPEG files (region-of-interest decode of the crop, DCT-scaled)",
+    ),
+    "ptt-files-nowindow": (
+        "core",
+        "ptt make_loader on the JPEG files, whole image decoded at the DCT scale (the path before the window decode)",
+    ),
     "ptt-shards": ("core", "ptt shards (ptt format) + make_loader, scaled decode"),
     "ptt-shards-noscale": ("core", "ptt shards + make_loader, scaled decode off (full decode, crop, resize)"),
     "ptt-tar": ("core", "ptt tar shards (WebDataset layout) + ShardStream + make_loader"),
@@ -169,6 +182,13 @@ def sys_ptt_files(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
     import pytorchtricks as ptt
 
     return _ptt_loader(ptt.JpegFolder(folder)), 0.0
+
+
+def sys_ptt_files_nowindow(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
+    import pytorchtricks as ptt
+    from pytorchtricks.shards.jpeg import fallback_backend
+
+    return _ptt_loader(ptt.JpegFolder(folder), backend=fallback_backend()), 0.0
 
 
 def sys_ptt_shards(folder: str, work: str, scaled: bool = True) -> tuple[Iterable[Any], float | None]:
@@ -399,6 +419,7 @@ def sys_ffcv(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
 RUNNERS: dict[str, Callable[[str, str], tuple[Iterable[Any], float | None]]] = {
     "imagefolder": sys_imagefolder,
     "ptt-files": sys_ptt_files,
+    "ptt-files-nowindow": sys_ptt_files_nowindow,
     "ptt-shards": sys_ptt_shards,
     "ptt-shards-noscale": lambda f, w: sys_ptt_shards(f, w, scaled=False),
     "ptt-tar": sys_ptt_tar,
@@ -452,7 +473,9 @@ def _python_for(env: str, pythons: dict[str, str]) -> str | None:
     return pythons[env] if os.path.exists(pythons[env]) else None
 
 
-def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, Any], notes: list[str]) -> str:
+def _markdown(
+    rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, Any], notes: list[str], kind: str = ""
+) -> str:
     by: dict[str, list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
     for r in rows:
@@ -470,7 +493,7 @@ def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, An
     }
     base = med.get("imagefolder")
     out = [
-        f"# Data loading: {n} real-photo JPEGs -> RandomResizedCrop {CROP} + flip -> uint8 NCHW, batch {BATCH}, "
+        f"# Data loading: {n} real-photo JPEGs{kind} -> RandomResizedCrop {CROP} + flip -> uint8 NCHW, batch {BATCH}, "
         f"{WORKERS} workers",
         "",
         f"{env.get('cpu')} ({env.get('cpu_count')} cores), torch {env.get('torch')}, {env.get('time_utc')}, "
@@ -507,8 +530,14 @@ def _markdown(rows: list[dict[str, Any]], n: int, rounds: int, env: dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", default=os.path.join(ROOT, "data", "photos"))
+    ap.add_argument(
+        "--src", default=None, help="the photos (default: data/photos; --set hires: built under --work)"
+    )
+    ap.add_argument("--set", default="photos", choices=("photos", "hires"), help="hires: >= --min-mp photos")
+    ap.add_argument("--min-mp", type=float, default=2.0)
+    ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=2)
@@ -528,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    BATCH = args.batch  # the children get the same --batch
     if args.run_one:
         print("__RESULT__" + json.dumps(run_one(args.run_one, args.folder, args.work, args.epochs)))
         return 0
@@ -535,21 +565,32 @@ def main(argv: list[str] | None = None) -> int:
     from pytorchtricks.clock import environment, write_jsonl
 
     if args.render_only:  # rewrite the Markdown from the committed JSONL (e.g. with a --note), no timing
-        with open(os.path.join(args.out, f"data_loading-{args.images}.jsonl")) as fh:
+        stem = f"data_loading-{args.images}" if args.set == "photos" else f"data_loading-hires-{args.images}"
+        with open(os.path.join(args.out, f"{stem}.jsonl")) as fh:
             done = [json.loads(line) for line in fh if line.strip()]
-        md = _markdown(done, args.images, len({r["round"] for r in done}), done[0]["env"], args.note)
-        with open(os.path.join(args.out, f"data_loading-{args.images}.md"), "w") as fh:
+        kind = "" if args.set == "photos" else f" (>= {args.min_mp:g} MP, native resolution)"
+        md = _markdown(done, args.images, len({r["round"] for r in done}), done[0]["env"], args.note, kind)
+        with open(os.path.join(args.out, f"{stem}.md"), "w") as fh:
             fh.write(md)
         print(md)
         return 0
 
-    args.work = os.path.join(args.work, f"n{args.images}")  # packs of different sizes never share a folder
+    tag = f"data_loading-{args.images}" if args.set == "photos" else f"data_loading-hires-{args.images}"
+    if args.src is None and args.set == "hires":
+        from pytorchtricks.shards.photoset import build_photo_set
+
+        args.src = os.path.join(args.work, f"hires-{args.min_mp:g}mp-{args.images}")
+        build_photo_set(args.src, args.images, min_mp=args.min_mp, workers=WORKERS)
+    src = args.src or os.path.join(ROOT, "data", "photos")
+    # packs of different sizes (and sets) never share a folder
+    args.work = os.path.join(
+        args.work, f"n{args.images}" if args.set == "photos" else f"hires-n{args.images}"
+    )
     os.makedirs(args.work, exist_ok=True)
-    folder = subset_folder(args.src, args.images, args.work)
+    folder = subset_folder(src, args.images, args.work)
     systems = [s for s in args.systems.split(",") if s]
     env = environment()
     env["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
-    tag = f"data_loading-{args.images}"
     jsonl = os.path.join(args.out, f"{tag}.jsonl")
     old: list[dict[str, Any]] = []
     if args.append and os.path.exists(jsonl):
@@ -563,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         if py is None:
             return {"error": f"{env_name} environment missing (make {env_name}-env)"}
         cmd = [py, os.path.abspath(__file__), "--run-one", s, "--folder", folder, "--work", args.work]
+        cmd += ["--batch", str(BATCH)]
         try:
             res = subprocess.run(
                 [*cmd, "--epochs", str(epochs)],
@@ -590,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         os.remove(jsonl)  # one file per size; with --append the old rows are written back first
     write_jsonl(jsonl, old + [{**row, "env": env, "rounds": args.rounds} for row in rows])
     rounds = len({r["round"] for r in old} | {r["round"] for r in rows})
-    md = _markdown(old + rows, args.images, rounds, env, args.note)
+    kind = "" if args.set == "photos" else f" (>= {args.min_mp:g} MP, native resolution)"
+    md = _markdown(old + rows, args.images, rounds, env, args.note, kind)
     with open(os.path.join(args.out, f"{tag}.md"), "w") as fh:
         fh.write(md)
     print(md)

@@ -361,6 +361,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         table.add_row(name, f"{ms:.1f}", f"{share:.0%}")
     table.add_row("sum of stages", f"{r.stage_sum_s * 1e3:.1f}", f"{r.stage_sum_s / r.total_s:.0%}")
     table.add_row("measured total", f"{r.total_s * 1e3:.1f}", "100%")
+    if r.decoded_mp_per_sample is not None:  # not a time: what the decoder produced, per sample
+        table.add_row(
+            "decoded megapixels / sample", f"{r.decoded_mp_per_sample:.2f}", f"{r.window_decodes} windows"
+        )
     wait = "-" if r.wait_s is None else f"{r.wait_s * 1e3:.1f}"
     table.add_row(f"wait (loader, {r.num_workers} workers)", wait, "")
     console = _console()

@@ -66,7 +66,16 @@ def test_cli_prints_the_stage_table_and_verdict(tmp_path, capsys, jpegs):
     )
     out = capsys.readouterr().out
     assert rc == 0
-    for word in ("read", "decode", "augment", "collate", "host_to_device", "wait", "input-bound"):
+    for word in (
+        "read",
+        "decode",
+        "augment",
+        "collate",
+        "host_to_device",
+        "wait",
+        "input-bound",
+        "decoded megapixels",
+    ):
         assert word in out
     assert main(["doctor", "data", str(tmp_path / "missing")]) == 2
 
@@ -102,3 +111,34 @@ def test_a_ptt_pack_folder_is_opened_as_shards(tmp_path, jpegs):
     assert isinstance(open_image_dataset(tmp_path / "packed"), ShardDataset)
     r = doctor_data(tmp_path / "packed", batch_size=8, crop=64, batches=2, num_workers=0)
     assert r.stages_s["decode"] > 0
+
+
+def _jpeg(arr, progressive: bool = False) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=90, progressive=progressive)
+    return buf.getvalue()
+
+
+def test_decoded_megapixels_and_fallbacks_are_reported(jpegs):
+    """The stage table's decoded megapixels per sample: below the whole images' when crops decode as windows;
+    progressive files fall back, counted by reason, with a note that says how to fix them."""
+    import numpy as np
+
+    from pytorchtricks.shards.jpeg import backend_works, decode_image
+
+    if not backend_works("roi"):
+        pytest.skip("the region-of-interest decode does not build here")
+    big = decode_image(jpegs[0][0], size=(480, 640))  # 0.31 MP each
+    data = [(_jpeg(np.ascontiguousarray(np.roll(big, k, axis=1))), k % 2) for k in range(12)]
+    r = doctor_data(data, batch_size=4, crop=64, batches=1, num_workers=0)
+    assert r.decoded_mp_per_sample is not None and 0 < r.decoded_mp_per_sample < 0.307
+    assert r.window_decodes == 4 and r.decode_fallbacks == {}
+    assert not any("decoded whole" in n for n in r.notes)
+    prog = [(_jpeg(big, progressive=True), k % 2) for k in range(12)]
+    r = doctor_data(prog, batch_size=4, crop=64, batches=1, num_workers=0)
+    assert r.window_decodes == 0 and r.decode_fallbacks == {"progressive": 4}
+    assert any("4 of 4 JPEGs were decoded whole" in n and "progressive: 4" in n for n in r.notes)

@@ -6,6 +6,9 @@ against the measured total (it covers >= 90% of it: the rest is loop overhead). 
 workers runs beside the caller's step - the real one (``step=``, a callable: on a CPU the workers then compete with
 the training threads for the cores, as in the user's job) or a pause of ``step_time_s`` standing in for GPU work;
 the time the loop blocks in ``next()`` is the wait-for-data. Input-bound when that wait exceeds 10% of the step.
+The single-process pass also counts the pixels its JPEG decodes produced (``decoded_mp_per_sample``: the crop's
+window at its DCT scale when the region-of-interest decode applies, the whole scaled image when it falls back) and
+which files fell back, by reason.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class DataReport:
     verdict: str
     fix: str
     notes: list[str] = field(default_factory=list)
+    decoded_mp_per_sample: float | None = None  # megapixels out of the JPEG decoder per sample (serial pass)
+    window_decodes: int = 0  # samples decoded as a crop window (region-of-interest decode)
+    decode_fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> samples decoded whole instead
 
     @property
     def stage_sum_s(self) -> float:
@@ -84,8 +90,8 @@ def open_image_dataset(path: str | os.PathLike[str]) -> Any:
 
 def _serial(
     dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
-) -> tuple[dict, float]:
-    from pytorchtricks.shards.jpeg import decode_image, image_size
+) -> tuple[dict, float, dict[str, Any]]:
+    from pytorchtricks.shards.jpeg import decode_image, decode_stats, image_size
     from pytorchtricks.tricks.data._images import (
         crop_decode,
         hflip,
@@ -99,6 +105,7 @@ def _serial(
     from pytorchtricks.tricks.data.make_loader import _stack
 
     out = (crop, crop) if crop else None
+    before = decode_stats()
     order = np.random.default_rng(0).permutation(len(dataset))[: batch_size * batches]
     sw = Stopwatch(device)
     t0 = now_s()
@@ -132,7 +139,15 @@ def _serial(
             x.to(device)
             y.to(device)
     total = now_s() - t0
-    return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches
+    after = decode_stats()
+    fb = {k: v - before["fallback"].get(k, 0) for k, v in after["fallback"].items()}
+    decoded = {
+        "images": after["images"] - before["images"],
+        "px": after["decoded_px"] - before["decoded_px"],
+        "window": after["window"] - before["window"],
+        "fallback": {k: v for k, v in fb.items() if v > 0},
+    }
+    return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches, decoded
 
 
 def _loader_times(
@@ -217,7 +232,7 @@ def doctor_data(
         t0 = now_s()
         step()
         step_time_s = now_s() - t0
-    stages, total = _serial(dataset, batch_size, batches, crop, dev)
+    stages, total, decoded = _serial(dataset, batch_size, batches, crop, dev)
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
     loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step)
@@ -239,6 +254,14 @@ def doctor_data(
     else:
         verdict = "compute-bound: the loader keeps up with the step"
         fix = "nothing in the input pipeline; speed up the step itself"
+    if decoded["fallback"]:
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(decoded["fallback"].items()))
+        notes.append(
+            f"{sum(decoded['fallback'].values())} of {decoded['images']} JPEGs were decoded whole, not as the "
+            f"crop's window ({why}); re-encoding them as baseline 4:2:0/4:4:4 JPEGs (ptt pack --quality 90) "
+            "lets the region-of-interest decode skip what the crop does not need"
+        )
+    n = batch_size * batches
     return DataReport(
         batch_size=batch_size,
         batches=batches,
@@ -251,4 +274,7 @@ def doctor_data(
         verdict=verdict,
         fix=fix,
         notes=notes,
+        decoded_mp_per_sample=decoded["px"] / n / 1e6 if decoded["images"] else None,
+        window_decodes=decoded["window"],
+        decode_fallbacks=decoded["fallback"],
     )

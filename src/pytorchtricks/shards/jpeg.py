@@ -3,9 +3,12 @@
 A JPEG stores 8x8 DCT blocks; libjpeg can reconstruct them at 1/2, 1/4 or 1/8 resolution by using only the low
 frequencies, which skips most of the inverse DCT and colour conversion. When the caller knows the output size (and
 the crop, for RandomResizedCrop), the largest scale whose scaled crop is still at least the target loses nothing
-visible and decodes several times faster. Backends: ``simplejpeg`` and ``opencv`` (libjpeg-turbo), ``pil-draft``
-(Pillow's ``Image.draft``), ``turbojpeg`` (PyTurboJPEG, when importable) and plain ``pil`` (full decode, the
-reference). Non-JPEG inputs (PNG, WebP, ...) go through Pillow at full size.
+visible and decodes several times faster. Backends: ``roi`` (the default where it works: a crop that is a real
+sub-window decodes only that window's rows and iMCU columns at the scale, through ``shards.jpeg_roi``; progressive
+JPEGs, other subsamplings and colour spaces, and whole-image decodes go to the next backend), ``simplejpeg`` and
+``opencv`` (libjpeg-turbo), ``pil-draft`` (Pillow's ``Image.draft``), ``turbojpeg`` (PyTurboJPEG, when importable)
+and plain ``pil`` (full decode, the reference). Non-JPEG inputs (PNG, WebP, ...) go through Pillow at full size.
+``decode_stats()`` counts, per process, the window decodes, the fallbacks by reason and the pixels decoded.
 """
 
 from __future__ import annotations
@@ -13,16 +16,52 @@ from __future__ import annotations
 import functools
 import io
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, PttWarning
+from pytorchtricks.shards import jpeg_roi
 from pytorchtricks.shards.errors import DecodeError
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in original-image pixels
-BACKENDS: tuple[str, ...] = ("simplejpeg", "turbojpeg", "opencv", "pil-draft", "pil")
+BACKENDS: tuple[str, ...] = ("roi", "simplejpeg", "turbojpeg", "opencv", "pil-draft", "pil")
+# Per process (each DataLoader worker has its own): decodes, window decodes, fallbacks by reason, pixels decoded
+_STATS: dict[str, Any] = {"images": 0, "window": 0, "decoded_px": 0, "fallback": {}}
+
+
+def decode_stats() -> dict[str, Any]:
+    """What this process decoded so far: ``images``, ``window`` (decoded as a window), ``fallback`` (reason ->
+    count: ``progressive``, ``subsampling``, ``colour space``, ``corrupt``, ``unavailable``), ``decoded_px``
+    (pixels that left the IDCT: the window at its DCT scale, or the whole scaled image) - a copy.
+
+    Example:
+        >>> before = decode_stats()["images"]
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (64, 48)).save(buf, "JPEG")
+        >>> _ = decode_image(buf.getvalue(), size=(8, 8), crop=(0, 0, 16, 16))
+        >>> decode_stats()["images"] - before
+        1
+    """
+    return {**_STATS, "fallback": dict(_STATS["fallback"])}
+
+
+def reset_decode_stats() -> None:
+    """Zero the counters of ``decode_stats``."""
+    _STATS.update(images=0, window=0, decoded_px=0, fallback={})
+
+
+def _count(px: int) -> None:
+    _STATS["decoded_px"] += px
+
+
+def _count_fallback(reason: str) -> None:
+    fb = _STATS["fallback"]
+    fb[reason] = fb.get(reason, 0) + 1
+
+
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
@@ -186,6 +225,7 @@ def _pil(buf: Any, box: Box | None, target: tuple[int, int] | None, draft: bool)
     if img.mode != "RGB":
         img = img.convert("RGB")
     ws, hs = img.size
+    _count(hs * ws)
     t, lf, b, r = _scaled_box(bx, h0, w0, hs, ws)
     out_hw = target or (bx[2], bx[3])
     if (t, lf, b, r) == (0, 0, hs, ws) and (hs, ws) == out_hw:
@@ -204,6 +244,7 @@ def _simplejpeg(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np
         d = dct_scale((bx[2], bx[3]), target)
         mh, mw = math.ceil(h0 / d), math.ceil(w0 / d)
         arr = simplejpeg.decode_jpeg(buf, colorspace="RGB", min_height=mh, min_width=mw)
+    _count(arr.shape[0] * arr.shape[1])
     return _finish(arr, bx, h0, w0, target)
 
 
@@ -219,6 +260,7 @@ def _opencv(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.nda
     bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if bgr is None:
         raise DecodeError("opencv could not decode the image")
+    _count(bgr.shape[0] * bgr.shape[1])
     return _finish(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), bx, h0, w0, target)
 
 
@@ -229,7 +271,37 @@ def _turbojpeg(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.
     d = dct_scale((bx[2], bx[3]), target)
     mod = _turbo_module()
     arr = tj.decode(bytes(buf), pixel_format=mod.TJPF_RGB, scaling_factor=(1, d))
+    _count(arr.shape[0] * arr.shape[1])
     return _finish(arr, bx, h0, w0, target)
+
+
+def _roi(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarray:
+    """Decode only the crop's window at the DCT scale; what the window path refuses goes to ``fallback_backend``.
+
+    The window asked of libjpeg reaches one pixel past the crop on each side (inside the image): with 4:2:2/4:2:0
+    chroma, the upsampler treats the window's edge columns as image edges (replicated chroma), so the margin keeps
+    the crop's own pixels identical to a full decode at the same scale.
+    """
+    fallback = _IMPL[fallback_backend()]
+    h0, w0 = image_size(buf)
+    bx = _crop_box(box, h0, w0)
+    d = dct_scale((bx[2], bx[3]), target)
+    hs, ws = -(-h0 // d), -(-w0 // d)  # libjpeg's scaled size: ceil(size / d)
+    t, lf, b, r = _scaled_box(bx, h0, w0, hs, ws)
+    if (t, lf, b, r) == (0, 0, hs, ws):  # the whole image: nothing to skip
+        return fallback(buf, box, target)
+    try:
+        win = jpeg_roi.decode_window(buf, d, t, b, max(0, lf - 1), min(ws, r + 1))
+    except jpeg_roi.Refused as exc:
+        _count_fallback(exc.reason)
+        return fallback(buf, box, target)
+    except OSError:
+        _count_fallback("unavailable")
+        return fallback(buf, box, target)
+    _STATS["window"] += 1
+    _count(win.pixels.shape[0] * win.pixels.shape[1])
+    arr = win.pixels[:, lf - win.x0 : r - win.x0]
+    return _resize(arr, target or (bx[2], bx[3]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -245,6 +317,7 @@ def _turbo_handle() -> Any:
 
 
 _IMPL: dict[str, Callable[[Any, Box | None, tuple[int, int] | None], np.ndarray]] = {
+    "roi": _roi,
     "simplejpeg": _simplejpeg,
     "turbojpeg": _turbojpeg,
     "opencv": _opencv,
@@ -258,6 +331,8 @@ def backend_works(name: str) -> bool:
     """True when ``name`` imports and decodes a small JPEG correctly in this process (probed once)."""
     if name not in _IMPL:
         return False
+    if name == "roi":  # the shim builds and decodes a window, and there is a backend for what it refuses
+        return jpeg_roi.works() and _fallback_or_none() is not None
     try:
         from PIL import Image
 
@@ -282,10 +357,30 @@ def available_backends() -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def _fallback_or_none() -> str | None:
+    return next((b for b in BACKENDS if b != "roi" and backend_works(b)), None)
+
+
+def fallback_backend() -> str:
+    """The backend that decodes what ``roi`` does not (whole images, progressive, ...): the fastest other one."""
+    name = _fallback_or_none()
+    if name is None:
+        raise PttError("no image decoder works: install Pillow (`pip install 'pytorchtricks[data]'`).")
+    return name
+
+
+@functools.lru_cache(maxsize=1)
 def auto_backend() -> str:
     found = available_backends()
     if not found:
         raise PttError("no image decoder works: install Pillow (`pip install 'pytorchtricks[data]'`).")
+    if found[0] != "roi":  # said once per process; the decode itself goes on, on the whole-image path
+        warnings.warn(
+            f"the region-of-interest JPEG decode is off here ({jpeg_roi.unavailable_reason() or 'it failed its probe'}"
+            f"); crops decode the whole image with {found[0]}.",
+            PttWarning,
+            stacklevel=3,
+        )
     return found[0]
 
 
@@ -302,7 +397,8 @@ def decode_image(
         data: encoded bytes (JPEG fast paths; PNG and other formats via Pillow).
         size: output size after crop and resize: ``(height, width)``, or an int for the short side.
         crop: ``(top, left, height, width)`` in ORIGINAL image pixels, applied before the resize.
-        backend: ``auto`` (probed once per process), or one of simplejpeg, turbojpeg, opencv, pil-draft, pil.
+        backend: ``auto`` (probed once per process: ``roi`` where the window shim builds), or one of roi,
+            simplejpeg, turbojpeg, opencv, pil-draft, pil.
 
     Returns:
         A C-contiguous ``uint8`` array of shape ``(H, W, 3)``.
@@ -320,7 +416,8 @@ def decode_image(
     name = auto_backend() if backend == "auto" else backend
     if name not in _IMPL:
         raise PttError(f"unknown decode backend {backend!r}; use auto or one of {', '.join(BACKENDS)}.")
-    if not is_jpeg(buf) and name in ("simplejpeg", "turbojpeg", "pil-draft"):
+    _STATS["images"] += 1
+    if not is_jpeg(buf) and name in ("roi", "simplejpeg", "turbojpeg", "pil-draft"):
         name = "pil"  # DCT scaling is JPEG-only; Pillow reads the rest
     target = None
     if size is not None:
