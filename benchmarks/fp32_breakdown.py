@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.clock import environment, now_s, write_results
+from pytorchtricks.clock import environment, now_s, publish
 from pytorchtricks.hardware import cpu_caps
 
 GROUPS = {
@@ -183,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = run(args.px, args.batches, args.threads, args.calls)
-    md = to_markdown(rows)
-    write_results(args.out, rows, md)
-    print(md)
-    return 0
+    return publish(args.out, rows, to_markdown(rows))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.clock import compare, environment, write_results
+from pytorchtricks.clock import compare, environment, publish
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.safety import reference_outputs, sqnr_db
 
@@ -237,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = run(args)
-    md = to_markdown(rows)
-    write_results(args.out, rows, md)
-    print(md)
-    return 0
+    return publish(args.out, rows, to_markdown(rows))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from inference_cpu import photos
 
-from pytorchtricks.clock import compare, environment, write_results
+from pytorchtricks.clock import compare, environment, publish
 from pytorchtricks.hardware import cpu_caps
 
 EXEC = re.compile(r"^onednn_verbose,.*?,primitive,exec,cpu,.*,([0-9.]+)$")
@@ -201,10 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = [run(b, t, args.rounds) for b in args.batches for t in args.threads]
-    md = to_markdown(rows)
-    write_results(args.out, rows, md)
-    print(md)
-    return 0
+    return publish(args.out, rows, to_markdown(rows))
 
 
 if __name__ == "__main__":

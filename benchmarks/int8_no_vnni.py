@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.clock import environment, write_results
+from pytorchtricks.clock import environment, publish
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.safety import sqnr_db
 
@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     rows = run(args.px, args.threads)
-    md = to_markdown(rows)
-    write_results(args.out, rows, md)
-    print(md)
-    return 0
+    return publish(args.out, rows, to_markdown(rows))
 
 
 if __name__ == "__main__":

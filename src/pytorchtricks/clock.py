@@ -488,6 +488,13 @@ def write_results(stem: str | os.PathLike[str], rows: list[dict[str, Any]], mark
     os.replace(tmp + ".md", stem + ".md")
 
 
+def publish(stem: str | os.PathLike[str], rows: list[dict[str, Any]], markdown: str) -> int:
+    """A benchmark script's last step: ``write_results`` and the Markdown printed; returns 0 (its exit status)."""
+    write_results(stem, rows, markdown)
+    print(markdown)
+    return 0
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return asdict(obj)
