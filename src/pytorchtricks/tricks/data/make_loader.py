@@ -162,6 +162,40 @@ class Loader:
         self.mode, self.dropped_per_epoch, self.device = mode, dropped_per_epoch, device
         self.epoch = 0
         self._explicit_epoch = False
+        self._running = (0, 0)  # (epoch being read, batches handed out in it)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop stands, to resume mid-epoch - also at another world size - with ``load_state_dict``.
+
+        For a loader over a ``ShardStream``: the stream's state after the batches this loader has handed out
+        (ranks step in lockstep, so any rank's state resumes every rank). Map-style datasets have no resume.
+        """
+        stream = getattr(self._source, "stream", None)
+        if stream is None or not hasattr(stream, "state_dict"):
+            raise PttError(
+                "state_dict() resumes a loader over a ShardStream; this loader reads a map-style dataset "
+                "(resume it by epoch: loader.set_epoch(epoch))."
+            )
+        epoch, batches = self._running
+        state = dict(stream.state_dict(consumed=batches * self.batch_size))
+        state["epoch"] = epoch
+        return {"batches": batches, "stream": state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``: the next iteration reads the rest of that epoch at this world size."""
+        stream = getattr(self._source, "stream", None)
+        if stream is None or not hasattr(stream, "load_state_dict"):
+            raise PttError(
+                "load_state_dict() resumes a loader over a ShardStream; this one reads a map-style dataset."
+            )
+        stream.load_state_dict(state["stream"])
+        self.set_epoch(int(state["stream"]["epoch"]))
+
+    def _counted(self, it: Iterator[Batch], epoch: int) -> Iterator[Batch]:
+        self._running = (epoch, 0)
+        for batch in it:
+            self._running = (epoch, self._running[1] + 1)  # handed out, as the loop sees it
+            yield batch
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch of the next iteration (otherwise each ``iter()`` advances it by one)."""
@@ -175,14 +209,15 @@ class Loader:
         if hasattr(self.dataloader.dataset, "epoch"):
             self.dataloader.dataset.epoch = self.epoch
         it = iter(self.dataloader)  # the sampler reads the epoch here, before any prefetch
+        epoch = self.epoch
         if not self._explicit_epoch:
             self.epoch += 1
         self._explicit_epoch = False
         if self.device is None:
-            return it
+            return self._counted(it, epoch)
         from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
 
-        return iter(prefetch_to_device(_Started(it), self.device))
+        return self._counted(iter(prefetch_to_device(_Started(it), self.device)), epoch)
 
 
 class _Started:
@@ -267,6 +302,10 @@ def make_loader(
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
     dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
     if iterable:
+        if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
+            dataset.batch_size = (
+                batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
+            )
         source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed)
         sampler = None
     else:
