@@ -74,6 +74,9 @@ def s3_server():
     credentials and ``AWS_ENDPOINT_URL`` in the environment, so s3fs and subprocesses (torchrun) find it."""
     pytest.importorskip("s3fs", reason="s3fs is in the dev extra (make setup)")
     server_mod = pytest.importorskip("moto.server", reason="moto[server] is in the dev extra (make setup)")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     port = _free_port()
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

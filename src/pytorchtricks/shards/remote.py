@@ -391,10 +391,14 @@ class Prefetcher:
         self._fetch, self._plan, self._ahead = fetch, plan, max(0, int(ahead))
         self._where = {s: k for k, s in enumerate(plan)}
         self._futures: dict[int, Future[Pin]] = {}
+        self._started: set[int] = (
+            set()
+        )  # prefetched once: a shard closed early is fetched again only when opened
         self._pool = ThreadPoolExecutor(max(1, self._ahead), thread_name_prefix="ptt-prefetch")
 
     def _start(self, s: int) -> None:
         if s not in self._futures:
+            self._started.add(s)
             self._futures[s] = self._pool.submit(self._fetch, s)
 
     def open(self, s: int) -> str:
@@ -402,8 +406,13 @@ class Prefetcher:
         self._start(s)
         if k is not None:
             for nxt in self._plan[k + 1 : k + 1 + self._ahead]:
-                self._start(nxt)
+                if nxt not in self._started:
+                    self._start(nxt)
         return self._futures[s].result().path
+
+    @property
+    def open_count(self) -> int:
+        return len(self._futures)
 
     def close(self, s: int) -> None:
         fut = self._futures.pop(s, None)

@@ -429,6 +429,7 @@ class ShardStream(torch.utils.data.IterableDataset):
             self._maps: dict[int, MappedShard] = {}
         index = self._index
         last: dict[int, int] = {}
+        cap = self._open_cap()
         if fetch is not None:  # a cached shard is released (evictable) after this reader's last sample of it
             last = {int(s): k for k, s in enumerate(sid[wanted].tolist())}
         for k, q in enumerate(wanted):
@@ -439,6 +440,11 @@ class ShardStream(torch.utils.data.IterableDataset):
                 if (
                     mm is None
                 ):  # first read of this shard in this process: check it against manifest and index
+                    if fetch is not None and cap is not None:
+                        while self._maps and len(self._maps) >= cap:  # the least recently opened makes room
+                            old = next(iter(self._maps))
+                            self._maps.pop(old)
+                            fetch.close(old)
                     path = self._files[s] if fetch is None else fetch.open(s)
                     lo = int(self._first[s])
                     ptt_format.check_ptt_shard(path, self._entries[s], index[lo : lo + self._counts[s]], g)
@@ -458,6 +464,13 @@ class ShardStream(torch.utils.data.IterableDataset):
                     self._maps.pop(s, None)
                     fetch.close(s)
             yield self._finish(payload, label, extras, mm.path, g)
+
+    def _open_cap(self) -> int | None:
+        """With a bounded cache: how many shards one reader keeps open (the rest of the limit is prefetch)."""
+        if self._remote is None or self._remote.cache.limit is None:
+            return None
+        largest = max((int(e.get("bytes") or 0) for e in self._entries), default=0) or 1
+        return max(1, self._remote.cache.limit // largest - self.prefetch - 2)
 
     def _read_tar(
         self, sid: np.ndarray, local: np.ndarray, wanted: np.ndarray, fetch: Prefetcher | None

@@ -224,8 +224,12 @@ def pack(
     limit = parse_bytes(shard_size)
     if limit < 1:
         raise PttError("shard_size must be positive, e.g. 64MB.")
-    source = list_source(src)
     dst = os.fspath(dst)
+    if is_url(dst) and not dst.lower().startswith("file://"):
+        from pytorchtricks.shards.upload import check_destination
+
+        check_destination(dst)  # before listing millions of files
+    source = list_source(src)
     opts = {
         "format": format,
         "resize": resize,
