@@ -26,13 +26,13 @@ MAGIC = b"PTTSPOOL1\n"
 
 def chunk_items(n: int) -> int:
     """Files per chunk for a listing of ``n`` files: a function of ``n`` only, so a resume at another world size
-    finds the same chunks (64 to 4096 files, about 4096 chunks for large listings).
+    finds the same chunks (8 to 4096 files; at most about 4096 chunks).
 
     Example:
         >>> chunk_items(100), chunk_items(10_000_000)
-        (64, 2441)
+        (8, 2442)
     """
-    return max(64, min(4096, n // 4096))
+    return max(8, min(4096, -(-n // 4096)))
 
 
 def spool_dir(dst: str, digest: str) -> str:
