@@ -231,3 +231,13 @@ def test_one_download_per_shard_when_many_threads_ask_at_once(tmp_path):
     assert Path(pins[0].path).read_bytes() == src.read_bytes()
     for p in pins:
         p.release()
+
+
+@pytest.mark.parametrize("fmt", ["ptt", "tar"])
+def test_make_loader_takes_a_pack_url(bucket_packs, tmp_path, fmt):
+    from pytorchtricks.tricks.data.make_loader import make_loader
+
+    loader = make_loader(bucket_packs[fmt], 8, crop=None, flip=False, num_workers=0, drop_last=False,
+                         cache_dir=tmp_path / "c")  # fmt: skip
+    shapes = [tuple(x.shape) for x, _ in loader]
+    assert sum(s[0] for s in shapes) == N and {s[1:] for s in shapes} == {(3, 24, 24)}

@@ -252,6 +252,8 @@ def make_loader(
     world_size: int | None = None,
     backend: str = "auto",
     scaled_decode: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> Loader:
     """A ``Loader`` of batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
 
@@ -267,6 +269,10 @@ def make_loader(
     default to torch.distributed's; pass them to simulate ranks. ``scaled_decode=False`` decodes JPEGs at full
     size before cropping (the reference path, for comparison). With ``device`` set to a CUDA device the batches
     arrive there through ``prefetch_to_device`` (pinned memory, side-stream copies).
+
+    ``dataset`` may also be a pack's folder or URL (``s3://bucket/pack``): a ptt pack is read as a ``ShardDataset``,
+    a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``); a URL's shards come
+    through the node cache ``cache_dir`` (bounded by ``cache_limit`` bytes).
 
     Example:
         >>> ds = [(torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8), i % 2) for i in range(10)]
@@ -289,6 +295,8 @@ def make_loader(
     world = w0 if world_size is None else world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    if isinstance(dataset, str | os.PathLike):
+        dataset = _open_pack(os.fspath(dataset), shuffle, seed, rank, world, cache_dir, cache_limit)
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
@@ -333,6 +341,22 @@ def make_loader(
     return Loader(
         dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device
     )
+
+
+def _open_pack(
+    path: str, shuffle: bool, seed: int, rank: int, world: int, cache_dir: Any, cache_limit: Any
+) -> Any:
+    """A pack folder or URL as the dataset its format reads with: ``ShardDataset`` (ptt, lmdb) or ``ShardStream``."""
+    from pytorchtricks.shards import layout
+    from pytorchtricks.shards.dataset import ShardDataset
+    from pytorchtricks.shards.remote import is_url, open_pack
+    from pytorchtricks.shards.stream import ShardStream
+
+    local, _ = open_pack(path, cache_dir, cache_limit)  # a URL's manifest, fetched into the node cache
+    kw = {"cache_dir": cache_dir, "cache_limit": cache_limit} if is_url(path) else {}
+    if layout.load_manifest(local)["format"] == "tar":
+        return ShardStream(path, shuffle=shuffle, seed=seed, decode=None, rank=rank, world_size=world, **kw)
+    return ShardDataset(path, decode=None, **kw)
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
