@@ -182,7 +182,9 @@ def _markdown(rows: list[dict[str, Any]], n: int, pack_bytes: int, env: dict[str
         f"{env['cpu']} ({env['cpu_count']} CPUs), {env['time_utc']}, git {env.get('git_sha')}. {note}",
         "Stored records (JPEG bytes, no decode), 2 DataLoader workers, batches of 64, shuffled, one node, a fresh "
         "cache. **Loopback is not a network**: images/s are bounded by this machine's CPUs, which the S3 server "
-        "shares; bytes downloaded per node and the cache hit rate are what transfer to a cluster.",
+        "shares; bytes downloaded per node and the cache hit rate are what transfer to a cluster. Downloaded: the "
+        "response bytes the S3 server sent (metered inside the server, the same for every system); cache hit rate: "
+        "the shard requests (one per reader and shard it opens) served from the node cache. One run.",
         "",
         "| system | epoch 1 images/s | epoch 2 images/s | downloaded per node (MB) | x dataset | cache hit rate |",
         "|---|---:|---:|---:|---:|---:|",
@@ -194,7 +196,7 @@ def _markdown(rows: list[dict[str, Any]], n: int, pack_bytes: int, env: dict[str
         rates = r["images_per_s"] + [float("nan")] * 2
         sent = r.get("server_bytes_sent")
         mb = "-" if sent is None else f"{sent / 1e6:.1f}"
-        ratio = "-" if sent is None else f"{sent / pack_bytes:.2f}"
+        ratio = "-" if sent is None else f"{sent / r['dataset_bytes']:.2f}"
         hit = "-" if r.get("cache_hit_rate") is None else f"{r['cache_hit_rate']:.0%}"
         lines.append(f"| {r['system']} | {rates[0]:.0f} | {rates[1]:.0f} | {mb} | {ratio} | {hit} |")
     lines += ["", *(f"- `{s}`: {d}" for s, (_, d) in SYSTEMS.items()), ""]
@@ -213,8 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "results", cpu_caps().cpu_class))
     ap.add_argument("--peers-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
     ap.add_argument("--note", default="The machine was shared with other jobs while this ran.")
+    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .jsonl, time nothing")
     ap.add_argument("--run-one", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.render_only:
+        stem = os.path.join(args.out, f"remote_read-{args.images}")
+        with open(stem + ".jsonl", encoding="utf-8") as fh:
+            done = [json.loads(line) for line in fh if line.strip()]
+        size = next(r["dataset_bytes"] for r in done if r["system"].startswith("ptt"))
+        md = _markdown(done, args.images, size, done[0]["env"], args.note)
+        with open(stem + ".md", "w", encoding="utf-8") as fh:
+            fh.write(md)
+        print(md)
+        return 0
     if args.run_one:
         system, where, n, pack_bytes, epochs = args.run_one
         run = run_litdata if system.startswith("litdata") else run_ptt

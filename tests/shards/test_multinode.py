@@ -92,11 +92,25 @@ def _agents(target: list[str], nnodes: int, tmp: Path, tag: str) -> list[subproc
     return procs
 
 
+def _kill_node(proc: subprocess.Popen) -> None:
+    """SIGKILL an agent and everything under it (torchrun starts each rank in its own session)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
 def _kill(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        _kill_node(p)
 
 
 def _logs(tmp: Path, tag: str) -> str:
@@ -128,8 +142,7 @@ def test_two_nodes_exactly_once_then_an_agent_killed_and_the_epoch_resumed_at_wo
             assert time.monotonic() < deadline, "no checkpoint:\n" + _logs(tmp_path, "job1")
             assert all(p.poll() is None for p in procs), "a job failed:\n" + _logs(tmp_path, "job1")
             time.sleep(0.2)
-        os.killpg(procs[1].pid, signal.SIGKILL)  # one node's agent and its ranks die mid-epoch
-        procs[1].wait()
+        _kill_node(procs[1])  # one node's agent and its ranks die mid-epoch
     finally:
         _kill(procs)  # the job is gone; the scheduler restarts it on what is left
     state = json.loads((out / "state.json").read_text())
