@@ -1,12 +1,15 @@
-"""``ShardStream``: an iterable over ptt or tar shards with shard + buffer shuffle, exact DDP/worker splits, resume.
+"""``ShardStream``: an iterable over ptt or tar shards (a folder or a URL) with shard + window shuffle, exact
+rank/worker splits at any world size, and mid-epoch resume at another world size.
 
-Per epoch the order is fixed by ``(seed, epoch)``: shards are permuted, the sample sequence is cut into one
-contiguous slice per rank, and a buffer shuffle (buffer ``buffer_size``) is computed on the slice's sample
-positions - without reading data - giving the rank's order. DataLoader workers take that order in blocks of
-``batch_size``, round robin, which is exactly how an in-order DataLoader interleaves them: the loader yields the
-rank's order, whatever the number of workers. So every sample appears once per epoch across ranks x workers, and
-``consumed`` (samples the loop has taken) is all a resume needs. Tar shards are read in order (a worker scans its
-slice and decodes only its own samples); ptt shards are read by offset.
+Per epoch the global order is fixed by ``(seed, epoch)`` alone: shards are permuted and a window shuffle
+(``buffer_size``) is computed on the sample positions - without reading data. Rank r of W takes an equal part of it,
+blocked or interleaved (``split``), padding or dropping the remainder (``uneven``). DataLoader workers take the
+rank's order in blocks of ``batch_size``, round robin, which is exactly how an in-order DataLoader interleaves
+them: the loader yields the rank's order, whatever the number of workers. So every sample appears once per epoch
+across ranks x workers, and the samples each rank has taken (ranks step in lockstep) are all a resume needs - at
+this world size or another (``remaining_positions``). Tar shards are read in order (a worker scans each shard once
+and decodes only its own samples); ptt shards are read by offset. Shards at a URL come through the node cache
+(``shards.remote``), prefetched ahead of use.
 """
 
 from __future__ import annotations
@@ -52,30 +55,6 @@ def expand_braces(pattern: str) -> list[str]:
         raise PttError(
             f"{pattern!r} is not a brace pattern like 'shard-{{000000..000009}}.tar': {exc}"
         ) from exc
-
-
-def buffer_shuffle_order(m: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
-    """The output order of a streaming buffer shuffle over positions ``0..m-1`` (computed, nothing read).
-
-    Example:
-        >>> sorted(buffer_shuffle_order(10, 4, np.random.default_rng(0)).tolist()) == list(range(10))
-        True
-    """
-    out = np.empty(m, dtype=np.int64)
-    draws = rng.random(m)
-    buf: list[int] = []
-    o = 0
-    for q in range(m):
-        buf.append(q)
-        if len(buf) >= buffer_size:
-            k = int(draws[q] * len(buf))
-            buf[k], buf[-1] = buf[-1], buf[k]
-            out[o] = buf.pop()
-            o += 1
-    rest = np.asarray(buf, dtype=np.int64)
-    rng.shuffle(rest)
-    out[o:] = rest
-    return out
 
 
 def window_shuffle_order(n: int, window: int, rng: np.random.Generator) -> np.ndarray:
