@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "results", cpu_caps().cpu_class))
     ap.add_argument("--peers-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
     ap.add_argument("--note", default="The machine was shared with other jobs while this ran.")
-    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .jsonl, time nothing")
+    ap.add_argument(
+        "--render-only", action="store_true", help="rewrite the .md from the .jsonl, time nothing"
+    )
     ap.add_argument("--run-one", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.render_only:
