@@ -241,3 +241,29 @@ def test_make_loader_takes_a_pack_url(bucket_packs, tmp_path, fmt):
                          cache_dir=tmp_path / "c")  # fmt: skip
     shapes = [tuple(x.shape) for x, _ in loader]
     assert sum(s[0] for s in shapes) == N and {s[1:] for s in shapes} == {(3, 24, 24)}
+
+
+def test_lru_eviction_keeps_the_recently_used_and_never_a_pinned_shard(tmp_path):
+    """limit = 2 shards: a third evicts the least recently used one that no reader pins."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in "abcd":
+        (src / f"shard-{name}.ptt").write_bytes(name.encode() * 1000)
+    cache = NodeCache(tmp_path / "cache", limit=2000)
+    pause = threading.Event()
+
+    def get(name: str):
+        pin = cache.acquire(f"p/shard-{name}.ptt", f"file://{src}/shard-{name}.ptt", size=1000)
+        pause.wait(0.03)  # file times are coarse (a few ms): keep the order visible
+        return pin
+
+    get("a").release()
+    pinned_b = get("b")  # a reader keeps b open
+    get("a").release()  # a is now the most recently used
+    get("c").release()  # over the limit: b is older but pinned, so a goes
+    held = {p.name for p in (tmp_path / "cache" / "p").iterdir()}
+    assert held == {"shard-b.ptt", "shard-c.ptt"}
+    pinned_b.release()
+    get("d").release()  # b is free now and the least recently used
+    assert {p.name for p in (tmp_path / "cache" / "p").iterdir()} == {"shard-c.ptt", "shard-d.ptt"}
+    assert cache.stats()["evictions"] == 2 and cache.stats()["peak_bytes"] <= 2000
