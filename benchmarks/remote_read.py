@@ -95,7 +95,7 @@ def _read_epochs(make_loader: Any, epochs: int, n: int) -> list[float]:
 def run_ptt(system: str, where: str, work: str, n: int, epochs: int, pack_bytes: int) -> dict[str, Any]:
     import torch
 
-    from pytorchtricks.shards.remote import NodeCache
+    from pytorchtricks.shards.cache import NodeCache
     from pytorchtricks.shards.stream import ShardStream
 
     cache = os.path.join(work, f"cache-{system}")

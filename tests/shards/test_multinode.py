@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pytorchtricks.shards.remote import NodeCache
+from pytorchtricks.shards.cache import NodeCache
 from pytorchtricks.shards.writer import pack
 
 pytestmark = pytest.mark.slow

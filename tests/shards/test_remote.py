@@ -14,9 +14,10 @@ from PIL import Image
 
 from pytorchtricks.core import PttError
 from pytorchtricks.shards import remote, upload
+from pytorchtricks.shards.cache import NodeCache
 from pytorchtricks.shards.dataset import ShardDataset
 from pytorchtricks.shards.errors import ShardError
-from pytorchtricks.shards.remote import NodeCache, scrub_url, with_retries
+from pytorchtricks.shards.remote import scrub_url, with_retries
 from pytorchtricks.shards.stream import ShardStream
 from pytorchtricks.shards.writer import pack
 

@@ -88,7 +88,8 @@ class ShardDataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
     ) -> None:
-        from pytorchtricks.shards.remote import open_pack, scrub_url
+        from pytorchtricks.shards.cache import open_pack
+        from pytorchtricks.shards.remote import scrub_url
 
         self.url = scrub_url(path) if isinstance(path, str) and "://" in path else None
         self.path, self._remote = open_pack(path, cache_dir, cache_limit)

@@ -110,7 +110,8 @@ def inspect_shards(
         >>> r = ptt.inspect_shards(dst); r["count"], r["problems"]
         (1, [])
     """
-    from pytorchtricks.shards.remote import open_pack, scrub_url
+    from pytorchtricks.shards.cache import open_pack
+    from pytorchtricks.shards.remote import scrub_url
 
     dst, remote = open_pack(path if isinstance(path, str) else os.fspath(path), cache_dir, cache_limit)
     m = layout.load_manifest(dst)

@@ -9,7 +9,7 @@ them: the loader yields the rank's order, whatever the number of workers. So eve
 across ranks x workers, and the samples each rank has taken (ranks step in lockstep) are all a resume needs - at
 this world size or another (``remaining_positions``). Tar shards are read in order (a worker scans each shard once
 and decodes only its own samples); ptt shards are read by offset. Shards at a URL come through the node cache
-(``shards.remote``), prefetched ahead of use.
+(``shards.cache``), prefetched ahead of use.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import torch
 
 from pytorchtricks.core import PttError
 from pytorchtricks.shards import layout, ptt_format
+from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
 from pytorchtricks.shards.dataset import Decode, check_on_error, make_decoder
 from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
-from pytorchtricks.shards.remote import Prefetcher, RemotePack, is_url, open_pack, scrub_url
+from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.shards.tar_format import CRC_EXT, iter_tar_groups, tar_sample
 
 _WARNED_UNVERIFIED: set[tuple[str, ...]] = set()  # foreign shard sets already warned about, once per process
@@ -135,7 +136,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         buffer_size: shuffle window in samples. batch_size: the DataLoader's batch size (worker split blocks).
         rank, world_size: explicit split; default from ``torch.distributed`` when initialised, else (0, 1).
         split: ``"blocked"`` (default) or ``"interleaved"``. uneven: ``"pad"`` (default) or ``"drop"``.
-        cache_dir, cache_limit, prefetch: for URLs, the node-shared cache (``shards.remote``), its bound in bytes
+        cache_dir, cache_limit, prefetch: for URLs, the node-shared cache (``shards.cache``), its bound in bytes
             (``"20GB"``; None: unbounded) and how many shards ahead each reader downloads.
 
     Example:

@@ -286,7 +286,7 @@ class _Plan:
 
 
 def _pack_to_url(plan: _Plan, url: str, staging_dir: Any, distributed: bool) -> dict[str, Any]:
-    from pytorchtricks.shards.remote import default_cache_dir
+    from pytorchtricks.shards.cache import default_cache_dir
     from pytorchtricks.shards.upload import check_destination, remote_manifest, upload_pack
 
     check_destination(url)

@@ -348,8 +348,9 @@ def _open_pack(
 ) -> Any:
     """A pack folder or URL as the dataset its format reads with: ``ShardDataset`` (ptt, lmdb) or ``ShardStream``."""
     from pytorchtricks.shards import layout
+    from pytorchtricks.shards.cache import open_pack
     from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.shards.remote import is_url, open_pack
+    from pytorchtricks.shards.remote import is_url
     from pytorchtricks.shards.stream import ShardStream
 
     local, _ = open_pack(path, cache_dir, cache_limit)  # a URL's manifest, fetched into the node cache
