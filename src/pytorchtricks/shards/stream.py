@@ -241,6 +241,7 @@ class ShardStream(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the index and maps lazily
         state = dict(self.__dict__)
         state["_index"], state["_pid"] = None, None
+        state["_plan"], state["_plan_key"] = None, None  # 3 int64 per sample: recomputed, not pickled
         state.pop("_maps", None)
         return state
 
