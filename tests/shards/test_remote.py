@@ -268,3 +268,33 @@ def test_lru_eviction_keeps_the_recently_used_and_never_a_pinned_shard(tmp_path)
     get("d").release()  # b is free now and the least recently used
     assert {p.name for p in (tmp_path / "cache" / "p").iterdir()} == {"shard-c.ptt", "shard-d.ptt"}
     assert cache.stats()["evictions"] == 2 and cache.stats()["peak_bytes"] <= 2000
+
+
+def test_a_pack_served_over_plain_http(local_packs, tiny, tmp_path):
+    """http(s):// through fsspec's HTTP filesystem: Python's own file server (no Range support) on 127.0.0.1."""
+    import functools
+    import http.server
+    import socketserver
+
+    pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (remote extra)")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(local_packs["ptt"].parent))
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as srv:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{srv.server_address[1]}/{local_packs['ptt'].name}"
+            s = ShardStream(url, seed=0, decode=None, cache_dir=tmp_path / "c")
+            assert sorted(_ids(s, tiny[1])) == list(range(N))
+            assert _inspect_problems(url, tmp_path / "c2") == []
+        finally:
+            srv.shutdown()
+
+
+def _inspect_problems(url: str, cache: Path) -> list[str]:
+    from pytorchtricks.shards.inspect import inspect_shards
+
+    return inspect_shards(url, cache_dir=cache)["problems"]
