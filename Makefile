@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env bench-data-hires bench-roi-decode
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -248,6 +248,13 @@ bench-int8-no-vnni: setup system-deps
 SUBSET ?= 20000
 bench-compression: setup system-deps
 	$(PY) benchmarks/compression_accuracy.py --train-subset $(SUBSET) --out $(RESULTS)/compression_accuracy
+
+# Reading a pack from a local S3 server (moto on 127.0.0.1) vs the same pack on local disk vs LitData's
+# StreamingDataset from the same server: images/s per epoch, bytes downloaded per node and the cache hit rate
+# -> $(RESULTS)/remote_read-$(REMOTE_IMAGES).{jsonl,md}. Loopback is not a network: the bytes are what transfer.
+REMOTE_IMAGES ?= 2000
+bench-remote: setup data peers-env
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/remote_read.py --images $(REMOTE_IMAGES) --out $(RESULTS)
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -163,7 +163,10 @@ def _add_doctor(sub: Any) -> None:
     d = dsub.add_parser(
         "data", help="split a batch's time into read/decode/augment/collate/host->device/wait"
     )
-    d.add_argument("path", help="an ImageFolder tree or a folder made by `ptt pack`")
+    d.add_argument(
+        "path", help="an ImageFolder tree, a folder made by `ptt pack`, or a pack's URL (s3://...)"
+    )
+    d.add_argument("--cache-dir", default=None, help="node-shared shard cache for a URL (default: ~/.cache)")
     d.add_argument("--batch-size", type=int, default=64)
     d.add_argument("--batches", type=int, default=4, help="batches to time (default: %(default)s)")
     d.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size; 0 keeps the stored size")
@@ -351,6 +354,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         num_workers=args.workers,
         step_time_s=args.step_time,
         device=args.device,
+        cache_dir=args.cache_dir,
     )
     table = Table(
         title=f"ptt doctor data {args.path}  (batch {r.batch_size}, {r.batches} batches, one process)"
@@ -471,7 +475,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _add_pack(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack an image folder or CSV/JSONL list into ptt, tar or lmdb shards")
     p.add_argument("src", help="ImageFolder tree (a folder per class) or a .csv/.jsonl list of path,label")
-    p.add_argument("dst", help="output folder (re-running resumes an interrupted pack)")
+    p.add_argument(
+        "dst",
+        help="output folder or bucket URL (s3://bucket/p, gs://, az://); re-running resumes an interrupted pack",
+    )
     p.add_argument("--format", default="ptt", choices=("ptt", "tar", "lmdb"))
     p.add_argument("--resize", type=int, default=None, metavar="SHORT_SIDE", help="shrink the short side")
     p.add_argument("--max-side", type=int, default=None, metavar="N", help="shrink the long side to this")
@@ -490,6 +497,14 @@ def _add_pack(sub: Any) -> None:
         help="refuse (list in rejects) images whose header declares more pixels, before decoding (default: 178956970)",
     )
     p.add_argument("--verify", action="store_true", help="re-read every shard and record after packing")
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="under torchrun: every rank encodes its share, rank 0 writes shards and index (same bytes as one process)",
+    )
+    p.add_argument(
+        "--staging-dir", default=None, help="local folder a bucket DST is packed in before the upload"
+    )
     p.set_defaults(handler=_cmd_pack)
 
 
@@ -499,9 +514,12 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     s = pack(
         args.src, args.dst, format=args.format, resize=args.resize, max_side=args.max_side, quality=args.quality,
         raw=args.raw, shard_size=args.shard_size, workers=args.workers, shuffle=not args.no_shuffle, seed=args.seed,
-        strict=args.strict, verify=args.verify, progress=True,
+        strict=args.strict, verify=args.verify, progress=not args.distributed,
+        distributed=args.distributed, staging_dir=args.staging_dir,
         **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )  # fmt: skip
+    if args.distributed and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 reports
     console = _console()
     rate = s.get("images_per_s")
     console.print(
@@ -519,10 +537,24 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_cache_options(p: Any) -> None:
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="node-shared shard cache for URLs (default: $PTT_CACHE_DIR or ~/.cache)",
+    )
+    p.add_argument(
+        "--cache-limit", default=None, help="bound of the shard cache in bytes, e.g. 50GB (default: none)"
+    )
+
+
 def _add_inspect(sub: Any) -> None:
     p = sub.add_parser("inspect", help="counts, class histogram, sizes and checksums of a pack")
-    p.add_argument("dst", help="a folder written by `ptt pack`")
+    p.add_argument(
+        "dst", help="a folder written by `ptt pack`, or its URL (s3://bucket/p, gs://, az://, https://)"
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the sha256/CRC32 check")
+    _add_cache_options(p)
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.set_defaults(handler=_cmd_inspect)
 
@@ -532,7 +564,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     from pytorchtricks.shards.inspect import inspect_shards
 
-    r = inspect_shards(args.dst, verify=not args.no_verify, decode=args.decode)
+    r = inspect_shards(
+        args.dst,
+        verify=not args.no_verify,
+        decode=args.decode,
+        cache_dir=args.cache_dir,
+        cache_limit=args.cache_limit,
+    )
     console = _console()
     over = r["overhead"]
     console.print(

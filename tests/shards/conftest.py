@@ -58,3 +58,51 @@ def pack_copy(packs: dict[str, Path], tmp_path: Path):
         return dst
 
     return make
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3 server on 127.0.0.1 (a real HTTP S3 API, as s3fs's own suite uses), with fake
+    credentials and ``AWS_ENDPOINT_URL`` in the environment, so s3fs and subprocesses (torchrun) find it."""
+    pytest.importorskip("s3fs", reason="s3fs is in the dev extra (make setup)")
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is in the dev extra (make setup)")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    port = _free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SESSION_TOKEN": "testing",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mp.delenv("AWS_PROFILE", raising=False)
+        yield env
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh bucket per test: ``(s3fs filesystem, bucket name)``."""
+    import uuid
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    name = f"b{uuid.uuid4().hex[:12]}"
+    fs.mkdir(name)
+    return fs, name

@@ -70,10 +70,18 @@ class DataReport:
         return [(k, v * 1e3, v / self.total_s if self.total_s else 0.0) for k, v in self.stages_s.items()]
 
 
-def open_image_dataset(path: str | os.PathLike[str]) -> Any:
-    """A folder of class sub-folders -> ``JpegFolder``; a packed shard folder -> ``ShardDataset`` (raw bytes)."""
+def open_image_dataset(
+    path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+) -> Any:
+    """A folder of class sub-folders -> ``JpegFolder``; a packed shard folder or a pack's URL (``s3://...``,
+    read through the node cache ``cache_dir``) -> ``ShardDataset`` (raw bytes)."""
+    from pytorchtricks.shards.remote import is_url
     from pytorchtricks.tricks.data._folder import IMAGE_EXTENSIONS, JpegFolder
 
+    if isinstance(path, str) and is_url(path):
+        from pytorchtricks.shards.dataset import ShardDataset
+
+        return ShardDataset(path, cache_dir=cache_dir)
     path = os.fspath(path)
     if not os.path.exists(path):
         raise PttError(f"{path!r} does not exist; pass an ImageFolder tree or a folder made by `ptt pack`.")
@@ -204,11 +212,14 @@ def doctor_data(
     step_time_s: float | None = None,
     device: str | torch.device | None = "cpu",
     step: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> DataReport:
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
 
     ``step``: the caller's training step as a callable (one batch's work, data staged): it runs beside the loader,
     so the wait includes the cores the step takes from the workers; ``step_time_s`` is then measured from it.
+    ``data`` may be a pack's URL (``s3://bucket/pack``): its shards are read through the node cache ``cache_dir``
+    (the first pass downloads them; the timed batches then read the cache, as every later epoch does).
 
     Example:
         >>> ds = [(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8), 0) for _ in range(20)]
@@ -218,7 +229,7 @@ def doctor_data(
     """
     from pytorchtricks.tricks.data.make_loader import make_loader
 
-    dataset = open_image_dataset(data) if isinstance(data, str | os.PathLike) else data
+    dataset = open_image_dataset(data, cache_dir=cache_dir) if isinstance(data, str | os.PathLike) else data
     need = batch_size * (batches + (2 if step_time_s is None else 3))
     if len(dataset) < need:
         raise PttError(

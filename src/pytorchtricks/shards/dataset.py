@@ -55,13 +55,17 @@ class ShardDataset:
     """Random access to a packed dataset: ``ds[i] -> (image, label, extras)``.
 
     Args:
-        path: the pack folder (``ptt pack SRC DST`` with ``--format ptt`` or ``lmdb``).
+        path: the pack folder (``ptt pack SRC DST`` with ``--format ptt`` or ``lmdb``), or the URL of a ptt pack
+            (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``): shards arrive through the node cache.
         decode: ``"auto"`` (``decode_image``), a backend name, ``None`` (yield the stored record: JPEG bytes or the
             uint8 HWC array of a ``--raw`` pack), or a callable ``payload -> image``.
         transform: applied to the decoded image.
         on_error: ``"raise"`` a ``ShardError`` naming file and record, or ``"skip"``: warn and return the next
             readable sample instead (a map-style dataset must return something for every index).
         verify_crc: check each record's CRC32 on read (a few microseconds per 100 KB).
+        cache_dir, cache_limit: for a URL, the node-shared shard cache and its bound in bytes (``"50GB"``). Random
+            access touches every shard: with a bound, each process keeps only the shards that fit mapped and
+            fetches the others again when asked (``ShardStream`` reads shard by shard and suits a small cache).
 
     Example:
         >>> import tempfile, os; from PIL import Image
@@ -80,8 +84,15 @@ class ShardDataset:
         transform: Callable[[Any], Any] | None = None,
         on_error: str = "raise",
         verify_crc: bool = True,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
-        self.path = os.fspath(path)
+        from pytorchtricks.shards.cache import open_pack
+        from pytorchtricks.shards.remote import scrub_url
+
+        self.url = scrub_url(path) if isinstance(path, str) and "://" in path else None
+        self.path, self._remote = open_pack(path, cache_dir, cache_limit)
         manifest = layout.load_manifest(self.path)
         self.format = manifest["format"]
         if self.format == "tar":
@@ -105,13 +116,14 @@ class ShardDataset:
         self._pid = os.getpid()
         self._index: np.ndarray | None = None
         self._cols: tuple[np.ndarray, ...] = ()
-        self._maps: dict[int, Any] = {}
+        self._maps: dict[int, Any] = {}  # insertion order = least recently mapped first
+        self._pins: dict[int, Any] = {}
         self._env: Any = None
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen files lazily; never pickle maps or the memmap
         state = dict(self.__dict__)
-        for k in ("_index", "_maps", "_env", "_cols"):
-            state[k] = {} if k == "_maps" else None
+        for k in ("_index", "_maps", "_env", "_cols", "_pins"):
+            state[k] = {} if k in ("_maps", "_pins") else None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -146,6 +158,8 @@ class ShardDataset:
             mm = self._maps.get(sid)
             if mm is None:
                 mm = self._map_shard(sid, i)
+            elif self._remote is not None:
+                self._maps[sid] = self._maps.pop(sid)  # most recently used last
             rec = mm.slice(int(c_offset[i]), int(c_length[i]), i)
             where = mm.path
         else:
@@ -175,12 +189,30 @@ class ShardDataset:
             raise ShardError(f"index names shard {sid} of {len(self._shards)}", path=self.path, record=i)
         entry = self._shards[sid]
         path = os.path.join(self.path, entry["name"])
+        if self._remote is not None:
+            self._release_maps()
+            self._pins[sid] = self._remote.pin(sid)
+            path = self._pins[sid].path
         assert self._index is not None
         ptt_format.check_ptt_shard(path, entry, self._index[self._first[sid] : self._first[sid + 1]], i)
         mm = self._maps[sid] = MappedShard(path)
         if entry.get("bytes") is not None and mm.size != entry["bytes"]:  # replaced between check and map
             raise ShardError("shard changed size while being opened", path=path, record=i)
         return mm
+
+    def _release_maps(self) -> None:
+        """With a bounded cache: unmap (and unpin) the oldest shards so the next one fits beside the rest."""
+        limit = self._remote.cache.limit if self._remote is not None else None
+        if limit is None or not self._maps:
+            return
+        largest = max(int(s.get("bytes") or 0) for s in self._shards) or 1
+        keep = max(1, limit // largest - 1)
+        while len(self._maps) >= keep:
+            old = next(iter(self._maps))
+            self._maps.pop(old)
+            pin = self._pins.pop(old, None)
+            if pin is not None:
+                pin.release()
 
     def _check_lmdb_size(self, where: str, i: int) -> None:
         want = self._shards[0].get("bytes")

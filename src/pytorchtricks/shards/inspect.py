@@ -89,9 +89,18 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
 
 
 def inspect_shards(
-    path: str | os.PathLike[str], *, verify: bool = True, decode: bool = False
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = True,
+    decode: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> dict[str, Any]:
     """Summary of a pack: format, counts, class histogram, bytes, overhead, rejects, and integrity problems.
+
+    ``path`` may be a URL (``s3://bucket/pack``): the manifest is read from storage; with ``verify`` every shard
+    is downloaded through the node cache (``cache_dir``) and its sha256 checked, and with an unbounded cache the
+    records too (CRC32, and the decode with ``decode``).
 
     Example:
         >>> import tempfile, os; from PIL import Image
@@ -101,14 +110,38 @@ def inspect_shards(
         >>> r = ptt.inspect_shards(dst); r["count"], r["problems"]
         (1, [])
     """
-    dst = os.fspath(path)
+    from pytorchtricks.shards.cache import open_pack
+    from pytorchtricks.shards.remote import scrub_url
+
+    dst, remote = open_pack(path if isinstance(path, str) else os.fspath(path), cache_dir, cache_limit)
     m = layout.load_manifest(dst)
+    problems: list[str] | None = None
+    if remote is not None and verify:
+        problems, pins = [], []
+        try:
+            for s in range(len(m["shards"])):
+                try:
+                    pin = remote.pin(s)
+                except ShardError as exc:
+                    problems.append(str(exc))
+                    continue
+                if remote.cache.limit is None:
+                    pins.append(pin)  # held so the record-level check below finds every shard
+                else:
+                    pin.release()
+            if not problems and remote.cache.limit is None:
+                problems = verify_shards(dst, m, decode=decode)
+        finally:
+            for pin in pins:
+                pin.release()
+    elif verify:
+        problems = verify_shards(dst, m, decode=decode)
     payload = m.get("payload_bytes", 0)
     out = m.get("bytes_out", 0)
     payload = payload if isinstance(payload, int) else 0
     out = out if isinstance(out, int) else 0
     report = {
-        "path": dst,
+        "path": scrub_url(str(path)) if remote is not None else dst,
         "format": m["format"],
         "count": m["count"],
         "shards": len(m["shards"]),
@@ -119,7 +152,7 @@ def inspect_shards(
         "overhead": (out - payload) / payload if payload else None,
         "rejects": m.get("rejects", []),
         "options": m.get("options", {}),
-        "problems": verify_shards(dst, m, decode=decode) if verify else None,
+        "problems": problems,
     }
     if m["format"] == "tar":
         report["pattern"] = m.get("pattern")

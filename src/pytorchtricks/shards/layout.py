@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from pytorchtricks.core import PttError
 from pytorchtricks.shards.errors import ShardError
 
 VERSION = 1
@@ -21,6 +22,39 @@ MANIFEST = "manifest.json"
 INDEX = "index.npy"
 JOURNAL = ".pack-journal.json"
 LMDB_DIR = "data.lmdb"
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "K": 1024,  # a bare K/M/G is binary, as in `docker --memory 1.5g` and GPU cards' "24G"
+    "M": 1024**2,
+    "G": 1024**3,
+}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"64MB"`` -> 64000000, ``"1MiB"`` -> 1048576, ``"1.5G"`` -> 1.5 GiB (a bare K/M/G is binary), ``4096``.
+
+    Example:
+        >>> parse_bytes("64MB"), parse_bytes("1MiB"), parse_bytes(10), parse_bytes("1.5G") == 3 * 2**29
+        (64000000, 1048576, 10, True)
+    """
+    if isinstance(text, int):
+        return text
+    t = text.strip().upper().replace(" ", "")
+    num = t.rstrip("KMGIB")
+    unit = t[len(num) :]
+    try:
+        return int(float(num) * _UNITS[unit])
+    except (KeyError, ValueError) as exc:
+        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB, 1.5G or 24GiB.") from exc
+
+
 INDEX_DTYPE = np.dtype(
     [("shard", "<u4"), ("offset", "<u8"), ("length", "<u8"), ("label", "<i8"), ("crc", "<u4")]
 )

@@ -1,12 +1,15 @@
-"""``ShardStream``: an iterable over ptt or tar shards with shard + buffer shuffle, exact DDP/worker splits, resume.
+"""``ShardStream``: an iterable over ptt or tar shards (a folder or a URL) with shard + window shuffle, exact
+rank/worker splits at any world size, and mid-epoch resume at another world size.
 
-Per epoch the order is fixed by ``(seed, epoch)``: shards are permuted, the sample sequence is cut into one
-contiguous slice per rank, and a buffer shuffle (buffer ``buffer_size``) is computed on the slice's sample
-positions - without reading data - giving the rank's order. DataLoader workers take that order in blocks of
-``batch_size``, round robin, which is exactly how an in-order DataLoader interleaves them: the loader yields the
-rank's order, whatever the number of workers. So every sample appears once per epoch across ranks x workers, and
-``consumed`` (samples the loop has taken) is all a resume needs. Tar shards are read in order (a worker scans its
-slice and decodes only its own samples); ptt shards are read by offset.
+Per epoch the global order is fixed by ``(seed, epoch)`` alone: shards are permuted and a window shuffle
+(``buffer_size``) is computed on the sample positions - without reading data. Rank r of W takes an equal part of it,
+blocked or interleaved (``split``), padding or dropping the remainder (``uneven``). DataLoader workers take the
+rank's order in blocks of ``batch_size``, round robin, which is exactly how an in-order DataLoader interleaves
+them: the loader yields the rank's order, whatever the number of workers. So every sample appears once per epoch
+across ranks x workers, and the samples each rank has taken (ranks step in lockstep) are all a resume needs - at
+this world size or another (``remaining_positions``). Tar shards are read in order (a worker scans each shard once
+and decodes only its own samples); ptt shards are read by offset. Shards at a URL come through the node cache
+(``shards.cache``), prefetched ahead of use.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import torch
 
 from pytorchtricks.core import PttError
 from pytorchtricks.shards import layout, ptt_format
+from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
 from pytorchtricks.shards.dataset import Decode, check_on_error, make_decoder
 from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
+from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.shards.tar_format import CRC_EXT, iter_tar_groups, tar_sample
 
 _WARNED_UNVERIFIED: set[tuple[str, ...]] = set()  # foreign shard sets already warned about, once per process
@@ -53,39 +58,86 @@ def expand_braces(pattern: str) -> list[str]:
         ) from exc
 
 
-def buffer_shuffle_order(m: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
-    """The output order of a streaming buffer shuffle over positions ``0..m-1`` (computed, nothing read).
+def window_shuffle_order(n: int, window: int, rng: np.random.Generator) -> np.ndarray:
+    """A local shuffle of ``0..n-1``: each position moves less than ``window`` places (vectorised; no data read).
+
+    Sorting ``i + U[0, window)`` mixes every sample with its ``window`` neighbours, like a streaming shuffle
+    buffer of that size, at numpy speed (10M samples in about a second) - the global order of every rank.
 
     Example:
-        >>> sorted(buffer_shuffle_order(10, 4, np.random.default_rng(0)).tolist()) == list(range(10))
-        True
+        >>> o = window_shuffle_order(10, 4, np.random.default_rng(0))
+        >>> sorted(o.tolist()) == list(range(10)), bool(np.abs(o - np.arange(10)).max() < 4)
+        (True, True)
     """
-    out = np.empty(m, dtype=np.int64)
-    draws = rng.random(m)
-    buf: list[int] = []
-    o = 0
-    for q in range(m):
-        buf.append(q)
-        if len(buf) >= buffer_size:
-            k = int(draws[q] * len(buf))
-            buf[k], buf[-1] = buf[-1], buf[k]
-            out[o] = buf.pop()
-            o += 1
-    rest = np.asarray(buf, dtype=np.int64)
-    rng.shuffle(rest)
-    out[o:] = rest
-    return out
+    keys = np.arange(n, dtype=np.float64) + rng.random(n) * max(1, int(window))
+    return np.argsort(keys, kind="stable")
+
+
+SPLITS = ("blocked", "interleaved")
+UNEVEN = ("pad", "drop")
+
+
+def split_positions(m: int, world: int, split: str, uneven: str) -> list[np.ndarray]:
+    """The positions ``0..m-1`` of what is left of an epoch, cut into ``world`` parts of equal length.
+
+    ``blocked``: rank r takes a contiguous run (a node's consecutive ranks read neighbouring shards, so each node
+    downloads about its share); ``interleaved``: rank r takes r, r + world, ... . ``uneven="pad"`` repeats the
+    first positions so every rank gets ``ceil(m / world)``; ``"drop"`` leaves the last ``m % world`` out.
+
+    Example:
+        >>> [p.tolist() for p in split_positions(5, 2, "blocked", "pad")]
+        [[0, 1, 2], [3, 4, 0]]
+        >>> [p.tolist() for p in split_positions(5, 2, "interleaved", "drop")]
+        [[0, 2], [1, 3]]
+    """
+    per = -(-m // world) if uneven == "pad" else m // world
+    idx = np.arange(per * world, dtype=np.int64) % max(m, 1)
+    if split == "blocked":
+        return [idx[r * per : (r + 1) * per] for r in range(world)]
+    return [idx[r::world] for r in range(world)]
+
+
+def remaining_positions(n: int, history: list[tuple[int, int]], split: str, uneven: str) -> np.ndarray:
+    """Global-order positions not yet taken after each ``(world_size, samples_per_rank)`` stage of ``history``.
+
+    Ranks step in lockstep, so the state of one rank (its count) gives every rank's: the taken set is exact, and
+    the rest of the epoch is split again at the next world size - no sample repeated (beyond padding) or skipped.
+
+    Example:
+        >>> remaining_positions(8, [(2, 2)], "blocked", "pad").tolist()  # ranks took 0,1 and 4,5
+        [2, 3, 6, 7]
+    """
+    rem = np.arange(n, dtype=np.int64)
+    for world, k in history:
+        parts = split_positions(len(rem), int(world), split, uneven)
+        taken = np.concatenate([p[: int(k)] for p in parts]) if parts else np.zeros(0, np.int64)
+        keep = np.ones(len(rem), dtype=bool)
+        keep[taken] = False
+        rem = rem[keep]
+    return rem
 
 
 class ShardStream(torch.utils.data.IterableDataset):
-    """Iterate a packed dataset (ptt or tar) as ``(image, label, extras)``, each sample once per epoch.
+    """Iterate a packed dataset (ptt or tar, a folder or a URL) as ``(image, label, extras)``, each sample once.
+
+    The global order of an epoch is a function of ``(seed, epoch)`` only: shards permuted, then a window shuffle
+    (``buffer_size``). Rank r of W takes a ``split`` part of it ("blocked" or "interleaved"), every rank the same
+    number of samples (``uneven="pad"`` repeats a few, ``"drop"`` leaves up to W-1 out per epoch), so ranks step in
+    lockstep and no rank waits at a collective. DataLoader workers take the rank's order in blocks of
+    ``batch_size``, round robin - how an in-order DataLoader interleaves them - so the loader yields the rank's
+    order whatever the number of workers. ``state_dict()`` after k samples per rank resumes the epoch at any
+    world size: ``ShardStream(url, rank=r, world_size=W2, seed=s).load_state_dict(state)``.
 
     Args:
-        path: a pack folder (manifest), or foreign WebDataset tars: a brace pattern or a list of paths.
-        shuffle, seed: shard permutation + buffer shuffle, fixed by ``(seed, epoch)``; ``set_epoch`` each epoch.
+        path: a pack folder (manifest) or its URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``),
+            or foreign WebDataset tars: a brace pattern or a list of local paths.
+        shuffle, seed: shard permutation + window shuffle, fixed by ``(seed, epoch)``; ``set_epoch`` each epoch.
         decode, transform, on_error: as ``ShardDataset`` (``on_error="skip"`` drops bad samples with a warning).
-        buffer_size: shuffle buffer in samples. batch_size: the DataLoader's batch size (worker split blocks).
+        buffer_size: shuffle window in samples. batch_size: the DataLoader's batch size (worker split blocks).
         rank, world_size: explicit split; default from ``torch.distributed`` when initialised, else (0, 1).
+        split: ``"blocked"`` (default) or ``"interleaved"``. uneven: ``"pad"`` (default) or ``"drop"``.
+        cache_dir, cache_limit, prefetch: for URLs, the node-shared cache (``shards.cache``), its bound in bytes
+            (``"20GB"``; None: unbounded) and how many shards ahead each reader downloads.
 
     Example:
         >>> import tempfile, os; from PIL import Image
@@ -109,6 +161,11 @@ class ShardStream(torch.utils.data.IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         on_error: str = "raise",
+        split: str = "blocked",
+        uneven: str = "pad",
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        prefetch: int = 2,
     ) -> None:
         super().__init__()
         self.shuffle, self.seed = bool(shuffle), int(seed)
@@ -117,15 +174,29 @@ class ShardStream(torch.utils.data.IterableDataset):
         self.on_error = check_on_error(on_error)
         if buffer_size < 1 or batch_size < 1:
             raise PttError("buffer_size and batch_size must be >= 1.")
+        if split not in SPLITS or uneven not in UNEVEN:
+            raise PttError(
+                f"split must be one of {SPLITS} and uneven one of {UNEVEN}; got {split!r}, {uneven!r}."
+            )
         self.buffer_size, self.batch_size = int(buffer_size), int(batch_size)
+        self.split, self.uneven, self.prefetch = split, uneven, int(prefetch)
         self._rank, self._world = rank, world_size
         self.epoch = 0
-        self._resume: tuple[int, int] | None = None
+        self._resume: tuple[int, list[tuple[int, int]]] | None = None  # (epoch, earlier stages)
         self._consumed = 0
+        self._plan_key: Any = None
+        self._plan: Any = None
         self.classes: list[str] = []
         #: foreign tars whose samples carry no ``.crc32`` checksum: read, but a flipped byte goes unnoticed
         self.unverified: list[str] = []
         self._entries: list[dict[str, Any]] = []
+        self._remote: RemotePack | None = None
+        if isinstance(path, str) and is_url(path):
+            local, self._remote = open_pack(path, cache_dir, cache_limit)
+            self.url: str | None = scrub_url(path)
+            path = local
+        else:
+            self.url = None
         if isinstance(path, list | tuple) or (isinstance(path, str) and not os.path.isdir(path)):
             files = list(path) if isinstance(path, list | tuple) else expand_braces(path)
             if not files:
@@ -170,6 +241,7 @@ class ShardStream(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the index and maps lazily
         state = dict(self.__dict__)
         state["_index"], state["_pid"] = None, None
+        state["_plan"], state["_plan_key"] = None, None  # 3 int64 per sample: recomputed, not pickled
         state.pop("_maps", None)
         return state
 
@@ -190,76 +262,126 @@ class ShardStream(torch.utils.data.IterableDataset):
             raise PttError(f"rank {rank} is not in [0, world_size={world}).")
         return rank, world
 
-    def __len__(self) -> int:
-        """Samples this rank yields per epoch (all its DataLoader workers together)."""
-        rank, world = self.rank_world()
-        n = int(self._counts.sum())
-        return (rank + 1) * n // world - rank * n // world
+    def _history(self) -> list[tuple[int, int]]:
+        """The earlier stages of this epoch (resumed from a state saved at some world size), else none."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return list(self._resume[1])
+        return []
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
-        """``{"epoch", "seed", "consumed"}``. With DataLoader workers, pass the samples your loop has taken."""
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (all its DataLoader workers together); equal on every rank."""
+        return len(self._part())
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """``{"epoch", "seed", "consumed", "world_size", "split", "uneven", "history"}``.
+
+        ``consumed``: samples this rank has taken in the epoch (with DataLoader workers, pass the loop's count:
+        batches x batch_size); ranks step in lockstep, so any rank's state resumes all of them.
+        """
+        _, world = self.rank_world()
         return {
             "epoch": self.epoch,
             "seed": self.seed,
             "consumed": int(self._consumed if consumed is None else consumed),
+            "world_size": world,
+            "split": self.split,
+            "uneven": self.uneven,
+            "history": [list(h) for h in self._history()],
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume: the next iteration of ``state["epoch"]`` skips its first ``consumed`` samples (not read)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration of ``state["epoch"]`` yields what no rank took yet, split at this world size.
+
+        A state from before elastic resume (no ``world_size``) is read as saved at this stream's world size.
+        """
         if int(state.get("seed", self.seed)) != self.seed:
             raise PttError(f"state was saved with seed {state['seed']}, this stream has seed {self.seed}.")
+        for key, mine in (("split", self.split), ("uneven", self.uneven)):
+            if state.get(key, mine) != mine:
+                raise PttError(f"state was saved with {key}={state[key]!r}, this stream has {key}={mine!r}.")
+        world = int(state.get("world_size", self.rank_world()[1]))
+        history = [(int(w), int(k)) for w, k in state.get("history", [])] + [(world, int(state["consumed"]))]
         self.epoch = int(state["epoch"])
-        self._consumed = int(state["consumed"])
-        self._resume = (self.epoch, self._consumed)
+        self._consumed = 0
+        self._resume = (self.epoch, history)
 
-    def _rank_sequence(self) -> tuple[np.ndarray, np.ndarray]:
-        """(shard id, index within shard) of this rank's samples, in reading order."""
+    def _global(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(sid, local, order)`` of the whole epoch: shard-ordered sequence and its global shuffled order."""
+        key = (self.epoch, self.shuffle)
+        if self._plan_key != key:
+            shards = np.arange(len(self._counts))
+            if self.shuffle:
+                shards = np.random.default_rng([self.seed, self.epoch]).permutation(shards)
+            sid = np.repeat(shards, self._counts[shards])
+            local = (
+                np.concatenate([np.arange(c) for c in self._counts[shards]])
+                if len(shards)
+                else np.zeros(0, np.int64)
+            )
+            order = (
+                window_shuffle_order(
+                    len(sid), self.buffer_size, np.random.default_rng([self.seed, self.epoch, 1])
+                )
+                if self.shuffle
+                else np.arange(len(sid))
+            )
+            self._plan_key, self._plan = key, (sid, local, order)
+        return self._plan
+
+    def _part(self) -> np.ndarray:
+        """This rank's part of the epoch: indices into the global order, in yield order."""
         rank, world = self.rank_world()
-        shards = np.arange(len(self._counts))
-        if self.shuffle:
-            shards = np.random.default_rng([self.seed, self.epoch]).permutation(shards)
-        sid = np.repeat(shards, self._counts[shards])
-        local = (
-            np.concatenate([np.arange(c) for c in self._counts[shards]])
-            if len(shards)
-            else np.zeros(0, np.int64)
-        )
-        n = len(sid)
-        lo, hi = rank * n // world, (rank + 1) * n // world
-        return sid[lo:hi], local[lo:hi]
+        rem = remaining_positions(len(self._global()[0]), self._history(), self.split, self.uneven)
+        parts = split_positions(len(rem), world, self.split, self.uneven)
+        return rem[parts[rank]]
 
     def rank_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(sid, local, order)``: this rank's sequence and the order its positions are yielded in."""
-        sid, local = self._rank_sequence()
-        if self.shuffle:
-            rank, _ = self.rank_world()
-            order = buffer_shuffle_order(
-                len(sid), self.buffer_size, np.random.default_rng([self.seed, self.epoch, rank])
-            )
-        else:
-            order = np.arange(len(sid))
-        return sid, local, order
+        """``(sid, local, order)``: this rank's samples in shard-reading order, and the order they are yielded in."""
+        sid_all, local_all, gorder = self._global()
+        seq = gorder[self._part()]  # sequence indices (shard-ordered) in yield order
+        by_seq = np.argsort(
+            seq, kind="stable"
+        )  # reading order: each shard one run, padded repeats side by side
+        order = np.empty(len(seq), dtype=np.int64)
+        order[by_seq] = np.arange(len(seq))
+        return sid_all[seq[by_seq]], local_all[seq[by_seq]], order
 
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[tuple[Any, int, dict[str, Any]]]:
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        skip = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
         sid, local, order = self.rank_order()
-        pos = np.arange(skip, len(order))
-        mine = pos[((pos - skip) // self.batch_size) % nw == wid]  # blocks count from the resume point
+        pos = np.arange(len(order))
+        mine = pos[(pos // self.batch_size) % nw == wid]
         wanted = order[mine]  # positions in the rank sequence, in yield order
-        source = (
-            self._read_ptt(sid, local, wanted) if self.format == "ptt" else self._read_tar(sid, local, wanted)
-        )
-        self._consumed = skip
-        for item in source:
-            if item is None:
-                continue
-            self._consumed += 1
-            yield item
+        fetch = self._fetcher(sid, wanted)
+        try:
+            source = (
+                self._read_ptt(sid, local, wanted, fetch)
+                if self.format == "ptt"
+                else self._read_tar(sid, local, wanted, fetch)
+            )
+            self._consumed = 0
+            for item in source:
+                if item is None:
+                    continue
+                self._consumed += 1
+                yield item
+        finally:
+            if fetch is not None:
+                fetch.shutdown()
         self._resume = None
+
+    def _fetcher(self, sid: np.ndarray, wanted: np.ndarray) -> Prefetcher | None:
+        """For a URL: the shards this reader touches, in order of first use, fetched ``prefetch`` ahead."""
+        if self._remote is None:
+            return None
+        touched = sid[wanted] if self.format == "ptt" else sid[np.sort(wanted)]
+        _, first = np.unique(touched, return_index=True)
+        plan = [int(s) for s in touched[np.sort(first)]]
+        remote = self._remote
+        return Prefetcher(remote.pin, plan, self.prefetch)
 
     def _finish(self, payload: Any, label: int, extras: dict[str, Any], where: str, rec: int) -> Any:
         if self._decode is not None:
@@ -277,7 +399,9 @@ class ShardStream(torch.utils.data.IterableDataset):
         warnings.warn(f"skipped a bad sample: {exc}", stacklevel=3)
         return None
 
-    def _read_ptt(self, sid: np.ndarray, local: np.ndarray, wanted: np.ndarray) -> Iterator[Any]:
+    def _read_ptt(
+        self, sid: np.ndarray, local: np.ndarray, wanted: np.ndarray, fetch: Prefetcher | None
+    ) -> Iterator[Any]:
         from pytorchtricks.shards.ptt_format import MappedShard
 
         if self._index is None or self._pid != os.getpid():
@@ -285,7 +409,11 @@ class ShardStream(torch.utils.data.IterableDataset):
             self._index = layout.load_index(self.root, int(self._counts.sum()))
             self._maps: dict[int, MappedShard] = {}
         index = self._index
-        for q in wanted:
+        last: dict[int, int] = {}
+        cap = self._open_cap()
+        if fetch is not None:  # a cached shard is released (evictable) after this reader's last sample of it
+            last = {int(s): k for k, s in enumerate(sid[wanted].tolist())}
+        for k, q in enumerate(wanted):
             s, g = int(sid[q]), int(self._first[sid[q]] + local[q])
             row = index[g]
             try:
@@ -293,26 +421,44 @@ class ShardStream(torch.utils.data.IterableDataset):
                 if (
                     mm is None
                 ):  # first read of this shard in this process: check it against manifest and index
+                    if fetch is not None and cap is not None:
+                        while self._maps and len(self._maps) >= cap:  # the least recently opened makes room
+                            old = next(iter(self._maps))
+                            self._maps.pop(old)
+                            fetch.close(old)
+                    path = self._files[s] if fetch is None else fetch.open(s)
                     lo = int(self._first[s])
-                    ptt_format.check_ptt_shard(
-                        self._files[s], self._entries[s], index[lo : lo + self._counts[s]], g
-                    )
-                    mm = self._maps[s] = MappedShard(self._files[s])
+                    ptt_format.check_ptt_shard(path, self._entries[s], index[lo : lo + self._counts[s]], g)
+                    mm = self._maps[s] = MappedShard(path)
                 rec = mm.slice(int(row["offset"]), int(row["length"]), g)
                 payload, label, extras = decode_record(
-                    rec, path=self._files[s], index=g, crc=int(row["crc"]), label=int(row["label"])
+                    rec, path=mm.path, index=g, crc=int(row["crc"]), label=int(row["label"])
                 )
                 if isinstance(payload, np.ndarray):
                     payload = payload.copy()
+                del rec
             except ShardError as exc:
                 yield self._bad(exc)
                 continue
-            yield self._finish(payload, label, extras, self._files[s], g)
+            finally:
+                if fetch is not None and last.get(s) == k:
+                    self._maps.pop(s, None)
+                    fetch.close(s)
+            yield self._finish(payload, label, extras, mm.path, g)
 
-    def _read_tar(self, sid: np.ndarray, local: np.ndarray, wanted: np.ndarray) -> Iterator[Any]:
+    def _open_cap(self) -> int | None:
+        """With a bounded cache: how many shards one reader keeps open (the rest of the limit is prefetch)."""
+        if self._remote is None or self._remote.cache.limit is None:
+            return None
+        largest = max((int(e.get("bytes") or 0) for e in self._entries), default=0) or 1
+        return max(1, self._remote.cache.limit // largest - self.prefetch - 2)
+
+    def _read_tar(
+        self, sid: np.ndarray, local: np.ndarray, wanted: np.ndarray, fetch: Prefetcher | None
+    ) -> Iterator[Any]:
         need = set(wanted.tolist())
         pending: dict[int, Any] = {}
-        reader = self._scan_tar(sid, local, need)
+        reader = self._scan_tar(sid, local, need, fetch)
         for q in wanted:
             q = int(q)
             while q not in pending:
@@ -330,31 +476,43 @@ class ShardStream(torch.utils.data.IterableDataset):
                 continue
             yield self._finish(*sample)
 
-    def _scan_tar(self, sid: np.ndarray, local: np.ndarray, need: set[int]) -> Iterator[tuple[int, Any]]:
-        """(rank position, (payload, label, extras, file, record) or ShardError) for needed positions, in order."""
+    def _scan_tar(
+        self, sid: np.ndarray, local: np.ndarray, need: set[int], fetch: Prefetcher | None
+    ) -> Iterator[tuple[int, Any]]:
+        """(rank position, (payload, label, extras, file, record) or ShardError) for needed positions, in order.
+
+        The rank's sequence holds each shard as one run of sample indices in increasing order (a subset of the
+        shard; a padded repeat twice): the shard is scanned once, up to the last sample the run needs."""
         q = 0
         m = len(sid)
         ours = bool(self._entries)  # a pack we wrote: sizes as listed, every sample carries its checksum
         while q < m:
             s = int(sid[q])
-            path = self._files[s]
             start, stop = q, q
             while stop < m and int(sid[stop]) == s:
                 stop += 1
-            lo = int(local[start])  # the slice may begin inside this shard
-            to_end = ours and lo + (stop - start) == int(self._counts[s])  # the slice reaches the shard's end
+            if not any(p in need for p in range(start, stop)):
+                q = stop
+                continue
+            path = self._files[s]
             err: ShardError | None = None
+            p = start  # next position of the run to serve
             try:
+                if fetch is not None:
+                    path = fetch.open(s)
                 if ours:
-                    self._check_tar_size(s)
+                    self._check_tar_size(s, path)
+                want_last = int(local[stop - 1])
+                to_end = ours and want_last + 1 == int(self._counts[s])  # the run reaches the shard's end
                 groups = enumerate(iter_tar_groups(path))
+                seen = 0
                 for j, (key, group) in groups:
-                    if j < lo:
-                        continue
-                    p = start + j - lo
-                    if p >= stop:
+                    if j > want_last:
                         break
-                    if p + 1 == stop and to_end and next(groups, None) is not None:
+                    seen = j + 1
+                    if int(local[p]) != j:
+                        continue
+                    if j == want_last and to_end and next(groups, None) is not None:
                         raise ShardError(  # caught below: this and no later sample of the shard is yielded
                             f"shard holds more than the {int(self._counts[s])} samples the manifest says: "
                             "manifest and shards do not match (re-run `ptt pack`)",
@@ -368,31 +526,41 @@ class ShardStream(torch.utils.data.IterableDataset):
                             path=path,
                             record=j,
                         )
-                    if p in need:
-                        try:
-                            payload, label, extras = tar_sample(
-                                key, group, path=path, index=j, require_crc=ours
-                            )
-                            yield p, (payload, label, extras, path, j)
-                        except ShardError as exc:
-                            yield p, exc
-                    q = p + 1
-                err = ShardError(
-                    f"shard ends after {q - start + lo} samples: fewer than the manifest says", path=path
-                )
+                    got: Any = None
+                    while p < stop and int(local[p]) == j:
+                        if p in need:
+                            if got is None:
+                                try:
+                                    payload, label, extras = tar_sample(
+                                        key, group, path=path, index=j, require_crc=ours
+                                    )
+                                    got = (payload, label, extras, path, j)
+                                except ShardError as exc:
+                                    got = exc
+                            yield p, got
+                        p += 1
+                    if p >= stop:
+                        break
+                if p < stop:
+                    err = ShardError(
+                        f"shard ends after {seen} samples: fewer than the manifest says", path=path
+                    )
             except ShardError as exc:
                 err = exc
-            for p in range(q, stop):  # the rest of this shard cannot be read
-                if p in need:
-                    yield p, err
+            finally:
+                if fetch is not None:
+                    fetch.close(s)
+            for r in range(p, stop):  # the rest of this shard cannot be read
+                if r in need:
+                    yield r, err
             q = stop
 
-    def _check_tar_size(self, s: int) -> None:
-        size = layout.regular_size(self._files[s])
+    def _check_tar_size(self, s: int, path: str) -> None:
+        size = layout.regular_size(path)
         want = self._entries[s].get("bytes")
         if want is not None and size != want:
             raise ShardError(
                 f"shard is {size} bytes, the manifest says {want}: truncated, replaced or swapped "
                 "(restore it or re-run `ptt pack`)",
-                path=self._files[s],
+                path=path,
             )

@@ -10,11 +10,13 @@ pack. The manifest (``manifest.json``) is written last; its presence means the p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import urllib.parse
 import warnings
 from collections.abc import Generator
 from typing import Any
@@ -23,44 +25,15 @@ import numpy as np
 
 from pytorchtricks.core import NoEffectWarning, PttError
 from pytorchtricks.shards import layout
+from pytorchtricks.shards.layout import parse_bytes
 from pytorchtricks.shards.lmdb_format import LmdbWriter, lmdb_index
 from pytorchtricks.shards.ptt_format import ptt_index, write_ptt_shard
 from pytorchtricks.shards.record import encode_record
+from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.shards.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards.tar_format import tar_sample_members, write_tar_shard
 
 FORMATS = ("ptt", "tar", "lmdb")
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 1000,
-    "MB": 1000**2,
-    "GB": 1000**3,
-    "KIB": 1024,
-    "MIB": 1024**2,
-    "GIB": 1024**3,
-    "K": 1024,  # a bare K/M/G is binary, as in `docker --memory 1.5g` and GPU cards' "24G"
-    "M": 1024**2,
-    "G": 1024**3,
-}
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"64MB"`` -> 64000000, ``"1MiB"`` -> 1048576, ``"1.5G"`` -> 1.5 GiB (a bare K/M/G is binary), ``4096``.
-
-    Example:
-        >>> parse_bytes("64MB"), parse_bytes("1MiB"), parse_bytes(10), parse_bytes("1.5G") == 3 * 2**29
-        (64000000, 1048576, 10, True)
-    """
-    if isinstance(text, int):
-        return text
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGIB")
-    unit = t[len(num) :]
-    try:
-        return int(float(num) * _UNITS[unit])
-    except (KeyError, ValueError) as exc:
-        raise PttError(f"cannot read size {text!r}; write e.g. 64MB, 512KiB, 1.5G or 24GiB.") from exc
 
 
 def _sha256(path: str) -> str:
@@ -197,8 +170,18 @@ def pack(
     verify: bool = False,
     progress: bool = False,
     max_pixels: int = MAX_PIXELS,
+    distributed: bool = False,
+    staging_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Pack ``src`` (ImageFolder tree or .csv/.jsonl list) into ``dst``; returns the summary (also the manifest).
+
+    ``dst`` may be a bucket URL (``s3://bucket/pack``, ``gs://``, ``az://``): the pack is written to a local
+    staging folder (``staging_dir``, default under the shard cache; resumable as usual), then uploaded one atomic
+    object at a time, the manifest last; a re-run skips what is already there (by sha256 and size).
+    ``distributed=True`` under ``torchrun``: every rank decodes/resizes/encodes its share of the files into spool
+    chunks beside ``dst`` (``spool``), then rank 0 writes shards, index and manifest after a barrier: the same
+    bytes as a single-process pack; re-run the same command to resume. Across nodes ``dst`` must be shared
+    storage (a bucket, or a filesystem every node mounts).
 
     Args:
         format: ``ptt`` (indexed, random access), ``tar`` (WebDataset) or ``lmdb``.
@@ -241,8 +224,12 @@ def pack(
     limit = parse_bytes(shard_size)
     if limit < 1:
         raise PttError("shard_size must be positive, e.g. 64MB.")
-    source = list_source(src)
     dst = os.fspath(dst)
+    if is_url(dst) and not dst.lower().startswith("file://"):
+        from pytorchtricks.shards.upload import check_destination
+
+        check_destination(dst)  # before listing millions of files
+    source = list_source(src)
     opts = {
         "format": format,
         "resize": resize,
@@ -265,12 +252,141 @@ def pack(
             default=str,
         ).encode()
     ).hexdigest()
+    plan = _Plan(source, opts, options, digest, limit, shuffle, seed, workers, strict, verify, progress)
+    if dst.lower().startswith("file://"):
+        dst = urllib.parse.unquote(urllib.parse.urlsplit(dst).path)
+    if is_url(dst):
+        return _pack_to_url(plan, dst, staging_dir, distributed)
+    if distributed:
+        return _pack_distributed(plan, dst, dst)
+    return _pack_local(plan, dst)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What ``pack`` checked and listed: everything the work needs, whichever process does it."""
+
+    source: Source
+    opts: dict[str, Any]
+    options: dict[str, Any]
+    digest: str
+    limit: int
+    shuffle: bool
+    seed: int
+    workers: int | None
+    strict: bool
+    verify: bool
+    progress: bool
+
+    def jobs(self, order: np.ndarray, lo: int, hi: int) -> list[tuple[int, str, dict[str, Any]]]:
+        return [(int(order[k]), self.source.paths[int(order[k])], self.opts) for k in range(lo, hi)]
+
+    def n_workers(self) -> int:
+        return self.workers if self.workers is not None else os.cpu_count() or 1
+
+
+def _pack_to_url(plan: _Plan, url: str, staging_dir: Any, distributed: bool) -> dict[str, Any]:
+    from pytorchtricks.shards.cache import default_cache_dir
+    from pytorchtricks.shards.upload import check_destination, remote_manifest, upload_pack
+
+    check_destination(url)
+    there = remote_manifest(url)
+    if there is not None and there.get("digest") == plan.digest:
+        warnings.warn(
+            f"{scrub_url(url)} already holds this pack: nothing to do.", NoEffectWarning, stacklevel=3
+        )
+        return there
+    if there is not None:
+        raise PttError(f"{scrub_url(url)} already holds a different pack; choose another DST or delete it.")
+    key = hashlib.sha256(scrub_url(url).encode()).hexdigest()[:16]
+    staging = os.fspath(staging_dir or os.path.join(default_cache_dir(), "staging", key))
+    if distributed:
+        return _pack_distributed(plan, staging, url)
+    summary = _pack_local(plan, staging)
+    upload_pack(staging, url)
+    return summary
+
+
+def _pack_distributed(plan: _Plan, local: str, dst: str) -> dict[str, Any]:
+    """Every rank encodes its chunks into the spool at ``dst``; rank 0 assembles into ``local`` (and uploads)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from pytorchtricks.shards import spool
+    from pytorchtricks.shards.remote import is_url as _is_url
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing and not dist.is_initialized():
+        raise PttError(
+            f"--distributed needs torchrun's environment ({', '.join(missing)} missing): launch with "
+            "`torchrun --nnodes N --nproc-per-node P -m pytorchtricks pack SRC DST --distributed`."
+        )
+    own_group = not dist.is_initialized()
+    if own_group:  # packing shards for hours before the barrier: a long timeout
+        dist.init_process_group("gloo", timeout=datetime.timedelta(days=1))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    summary: dict[str, Any] = {}
+    try:
+        done = None if _is_url(dst) else layout.read_manifest_if_complete(dst)
+        if done is None or done.get("digest") != plan.digest:
+            where = spool.spool_dir(dst, plan.digest)
+            if not _is_url(where):
+                os.makedirs(where, exist_ok=True)
+            n = len(plan.source.paths)
+            order = _order(n, plan.shuffle, plan.seed)
+            size = spool.chunk_items(n)
+            tmp_dir = os.path.join(local, ".spool-tmp")
+            for c in range(rank, -(-n // size), world):
+                path = spool.chunk_path(where, c)
+                if not spool.exists(path):  # an existing chunk is complete (renamed or PUT atomically)
+                    jobs = plan.jobs(order, c * size, min(n, (c + 1) * size))
+                    results = _results(jobs, plan.n_workers(), [])
+                    try:
+                        spool.write_chunk(path, results, tmp_dir)
+                    finally:
+                        results.close()
+            dist.barrier()
+            if rank == 0:
+                summary = _pack_local(plan, local, spooled=(where, size))
+                if _is_url(dst):
+                    from pytorchtricks.shards.upload import upload_pack
+
+                    upload_pack(local, dst)
+                spool.remove_dir(where)
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+        dist.barrier()
+        if rank == 0 and done is None:
+            return summary
+        if _is_url(dst):
+            from pytorchtricks.shards.upload import remote_manifest
+
+            return remote_manifest(dst) or {}
+        return layout.load_manifest(dst)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _spooled_results(where: str, size: int, start: int, n: int) -> Generator[tuple[Any, ...], None, None]:
+    from pytorchtricks.shards import spool
+
+    for c in range(start // size, -(-n // size)):
+        for j, res in enumerate(spool.read_chunk(spool.chunk_path(where, c))):
+            if c * size + j >= start:
+                yield res
+
+
+def _pack_local(plan: _Plan, dst: str, spooled: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The single-process pack into the local folder ``dst`` (results from workers, or from a spool)."""
+    source, opts, options, digest, limit = plan.source, plan.opts, plan.options, plan.digest, plan.limit
+    format, verify, progress, strict = opts["format"], plan.verify, plan.progress, plan.strict
     done = layout.read_manifest_if_complete(dst)
     if done is not None and done.get("digest") == digest:
         warnings.warn(
             f"{dst} already holds this pack (same input and options): nothing to do.",
             NoEffectWarning,
-            stacklevel=2,
+            stacklevel=4,
         )
         _clean(dst, format, done)  # a kill between the manifest and the cleanup left these
         return done
@@ -288,11 +404,12 @@ def pack(
         journal.shards = lmdb_writer.committed_chunks()  # the LMDB's own progress record is the truth
     try:
         run = _Run(source, dst, format, limit, journal, lmdb_writer, strict)
-        order = _order(len(source.paths), shuffle, seed)
+        order = _order(len(source.paths), plan.shuffle, plan.seed)
         start = journal.shards[-1]["src_end"] if journal.shards else 0
-        jobs = [(int(order[k]), source.paths[int(order[k])], opts) for k in range(start, len(order))]
-        n_workers = workers if workers is not None else os.cpu_count() or 1
-        results = _results(jobs, n_workers, journal.shards)
+        if spooled is not None:
+            results = _spooled_results(spooled[0], spooled[1], start, len(order))
+        else:
+            results = _results(plan.jobs(order, start, len(order)), plan.n_workers(), journal.shards)
         with _progress(progress, len(order), start) as bar:
             for k, res in zip(range(start, len(order)), results, strict=True):
                 run.add(k, res)

@@ -272,11 +272,17 @@ def test_shard_stream_exactly_once_across_workers_and_ranks(packs):
     from pytorchtricks.shards.stream import ShardStream
 
     for world in (1, 2):
-        seen: list[int] = []
-        for rank in range(world):
-            stream = ShardStream(packs["tar"], seed=0, decode=None, rank=rank, world_size=world)
-            seen += _ids(make_loader(stream, 4, crop=None, flip=False, num_workers=2, drop_last=False))
-        assert sorted(seen) == list(range(N))
+        for uneven in ("pad", "drop"):
+            seen: list[int] = []
+            for rank in range(world):
+                stream = ShardStream(
+                    packs["tar"], seed=0, decode=None, rank=rank, world_size=world, uneven=uneven
+                )
+                seen += _ids(make_loader(stream, 4, crop=None, flip=False, num_workers=2, drop_last=False))
+            # N is prime: at world size 2 "pad" repeats one sample on the last rank, "drop" leaves one out
+            extra = (-N) % world if uneven == "pad" else -(N % world)
+            assert len(seen) == N + extra and len(set(seen)) == N + min(extra, 0)
+            assert set(seen) <= set(range(N))
 
 
 def test_shard_stream_augmentations_do_not_depend_on_the_worker_count(tmp_path):

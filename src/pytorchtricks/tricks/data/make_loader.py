@@ -162,6 +162,40 @@ class Loader:
         self.mode, self.dropped_per_epoch, self.device = mode, dropped_per_epoch, device
         self.epoch = 0
         self._explicit_epoch = False
+        self._running = (0, 0)  # (epoch being read, batches handed out in it)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop stands, to resume mid-epoch - also at another world size - with ``load_state_dict``.
+
+        For a loader over a ``ShardStream``: the stream's state after the batches this loader has handed out
+        (ranks step in lockstep, so any rank's state resumes every rank). Map-style datasets have no resume.
+        """
+        stream = getattr(self._source, "stream", None)
+        if stream is None or not hasattr(stream, "state_dict"):
+            raise PttError(
+                "state_dict() resumes a loader over a ShardStream; this loader reads a map-style dataset "
+                "(resume it by epoch: loader.set_epoch(epoch))."
+            )
+        epoch, batches = self._running
+        state = dict(stream.state_dict(consumed=batches * self.batch_size))
+        state["epoch"] = epoch
+        return {"batches": batches, "stream": state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``: the next iteration reads the rest of that epoch at this world size."""
+        stream = getattr(self._source, "stream", None)
+        if stream is None or not hasattr(stream, "load_state_dict"):
+            raise PttError(
+                "load_state_dict() resumes a loader over a ShardStream; this one reads a map-style dataset."
+            )
+        stream.load_state_dict(state["stream"])
+        self.set_epoch(int(state["stream"]["epoch"]))
+
+    def _counted(self, it: Iterator[Batch], epoch: int) -> Iterator[Batch]:
+        self._running = (epoch, 0)
+        for batch in it:
+            self._running = (epoch, self._running[1] + 1)  # handed out, as the loop sees it
+            yield batch
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch of the next iteration (otherwise each ``iter()`` advances it by one)."""
@@ -175,14 +209,15 @@ class Loader:
         if hasattr(self.dataloader.dataset, "epoch"):
             self.dataloader.dataset.epoch = self.epoch
         it = iter(self.dataloader)  # the sampler reads the epoch here, before any prefetch
+        epoch = self.epoch
         if not self._explicit_epoch:
             self.epoch += 1
         self._explicit_epoch = False
         if self.device is None:
-            return it
+            return self._counted(it, epoch)
         from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
 
-        return iter(prefetch_to_device(_Started(it), self.device))
+        return self._counted(iter(prefetch_to_device(_Started(it), self.device)), epoch)
 
 
 class _Started:
@@ -217,6 +252,8 @@ def make_loader(
     world_size: int | None = None,
     backend: str = "auto",
     scaled_decode: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> Loader:
     """A ``Loader`` of batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
 
@@ -232,6 +269,10 @@ def make_loader(
     default to torch.distributed's; pass them to simulate ranks. ``scaled_decode=False`` decodes JPEGs at full
     size before cropping (the reference path, for comparison). With ``device`` set to a CUDA device the batches
     arrive there through ``prefetch_to_device`` (pinned memory, side-stream copies).
+
+    ``dataset`` may also be a pack's folder or URL (``s3://bucket/pack``): a ptt pack is read as a ``ShardDataset``,
+    a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``); a URL's shards come
+    through the node cache ``cache_dir`` (bounded by ``cache_limit`` bytes).
 
     Example:
         >>> ds = [(torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8), i % 2) for i in range(10)]
@@ -254,6 +295,8 @@ def make_loader(
     world = w0 if world_size is None else world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    if isinstance(dataset, str | os.PathLike):
+        dataset = _open_pack(os.fspath(dataset), shuffle, seed, rank, world, cache_dir, cache_limit)
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
@@ -267,6 +310,10 @@ def make_loader(
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
     dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
     if iterable:
+        if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
+            dataset.batch_size = (
+                batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
+            )
         source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed)
         sampler = None
     else:
@@ -294,6 +341,23 @@ def make_loader(
     return Loader(
         dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device
     )
+
+
+def _open_pack(
+    path: str, shuffle: bool, seed: int, rank: int, world: int, cache_dir: Any, cache_limit: Any
+) -> Any:
+    """A pack folder or URL as the dataset its format reads with: ``ShardDataset`` (ptt, lmdb) or ``ShardStream``."""
+    from pytorchtricks.shards import layout
+    from pytorchtricks.shards.cache import open_pack
+    from pytorchtricks.shards.dataset import ShardDataset
+    from pytorchtricks.shards.remote import is_url
+    from pytorchtricks.shards.stream import ShardStream
+
+    local, _ = open_pack(path, cache_dir, cache_limit)  # a URL's manifest, fetched into the node cache
+    kw = {"cache_dir": cache_dir, "cache_limit": cache_limit} if is_url(path) else {}
+    if layout.load_manifest(local)["format"] == "tar":
+        return ShardStream(path, shuffle=shuffle, seed=seed, decode=None, rank=rank, world_size=world, **kw)
+    return ShardDataset(path, decode=None, **kw)
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
