@@ -1,0 +1,94 @@
+"""The ``pytorchtricks`` / ``ptt`` command line. Thin: parse, call the library, print.
+
+One module per command group (``catalogue``, ``doctor``, ``tune``, ``data``, ``analysis``, ``optimize``); every
+subcommand is an ``_add_<name>(subparsers)`` that registers its arguments and sets ``handler``. Errors from bad
+input (``PttError``) print one line with the fix and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytorchtricks.cli._common import EXIT_USAGE, MODEL_SPEC_HELP
+from pytorchtricks.cli.analysis import _add_flops, _add_lint, _add_memory, _add_profile
+from pytorchtricks.cli.catalogue import _add_bench, _add_list, _add_report, _add_show
+from pytorchtricks.cli.data import _add_inspect, _add_pack
+from pytorchtricks.cli.doctor import _add_doctor
+from pytorchtricks.cli.optimize import _add_optimize
+from pytorchtricks.cli.tune import _add_tune
+from pytorchtricks.core import PttError
+
+__all__ = ["EXIT_USAGE", "MODEL_SPEC_HELP", "build_parser", "main"]
+
+# subcommands that run models (and time them with torch.utils.benchmark, which imports torch.utils.cpp_extension)
+_TORCH_COMMANDS = ("bench", "doctor", "tune", "lint", "profile", "flops", "memory", "optimize")
+
+_COMMANDS: list[Callable[[Any], None]] = [
+    _add_list,
+    _add_show,
+    _add_bench,
+    _add_report,
+    _add_doctor,
+    _add_tune,
+    _add_pack,
+    _add_inspect,
+    _add_lint,
+    _add_profile,
+    _add_flops,
+    _add_memory,
+    _add_optimize,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ptt",
+        description="pytorchtricks: PyTorch speed and memory tricks, tested and measured on your hardware.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def _script_given_to_tune(argv: Sequence[str]) -> str | None:
+    """``ptt tune train.py``: the .py file given where tune takes options (a user with a training script)."""
+    if list(argv[:1]) != ["tune"]:
+        return None
+    for i, tok in enumerate(argv[1:], start=1):
+        if tok.endswith(".py") and not argv[i - 1].startswith("-"):
+            return tok
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script = _script_given_to_tune(argv)
+    if script is not None:
+        print(
+            f"error: ptt tune takes a model and data (--model, --data), not a script. To tune {script} as it is "
+            f"(its own model, optimizer and data), run it under the doctor: ptt doctor run --tune -- python {script} "
+            "ARGS",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_USAGE
+    if args.command in _TORCH_COMMANDS:  # `ptt list` and friends stay light: no torch import for them
+        from pytorchtricks.quiet import import_cpp_extension_quietly
+
+        import_cpp_extension_quietly()  # its "No CUDA runtime is found, using CUDA_HOME" is noise on a CPU run
+    try:
+        return int(args.handler(args) or 0)
+    except PttError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,131 @@
+"""``ptt pack`` and ``ptt inspect``: writing and checking shard packs, local or on object storage."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from pytorchtricks.cli._common import _console
+
+
+def _add_pack(sub: Any) -> None:
+    p = sub.add_parser("pack", help="pack an image folder or CSV/JSONL list into ptt, tar or lmdb shards")
+    p.add_argument("src", help="ImageFolder tree (a folder per class) or a .csv/.jsonl list of path,label")
+    p.add_argument(
+        "dst",
+        help="output folder or bucket URL (s3://bucket/p, gs://, az://); re-running resumes an interrupted pack",
+    )
+    p.add_argument("--format", default="ptt", choices=("ptt", "tar", "lmdb"))
+    p.add_argument("--resize", type=int, default=None, metavar="SHORT_SIDE", help="shrink the short side")
+    p.add_argument("--max-side", type=int, default=None, metavar="N", help="shrink the long side to this")
+    p.add_argument("--quality", type=int, default=None, help="re-encode JPEG at this quality")
+    p.add_argument("--raw", action="store_true", help="store decoded uint8 pixels (no decode when reading)")
+    p.add_argument("--shard-size", default="64MB", help="bytes per shard (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the listing order (no seeded permutation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strict", action="store_true", help="fail on the first bad file instead of listing it")
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse (list in rejects) images whose header declares more pixels, before decoding (default: 178956970)",
+    )
+    p.add_argument("--verify", action="store_true", help="re-read every shard and record after packing")
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="under torchrun: every rank encodes its share, rank 0 writes shards and index (same bytes as one process)",
+    )
+    p.add_argument(
+        "--staging-dir", default=None, help="local folder a bucket DST is packed in before the upload"
+    )
+    p.set_defaults(handler=_cmd_pack)
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from pytorchtricks.tricks.data.pack import pack
+
+    s = pack(
+        args.src, args.dst, format=args.format, resize=args.resize, max_side=args.max_side, quality=args.quality,
+        raw=args.raw, shard_size=args.shard_size, workers=args.workers, shuffle=not args.no_shuffle, seed=args.seed,
+        strict=args.strict, verify=args.verify, progress=not args.distributed,
+        distributed=args.distributed, staging_dir=args.staging_dir,
+        **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
+    )  # fmt: skip
+    if args.distributed and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 reports
+    console = _console()
+    rate = s.get("images_per_s")
+    console.print(
+        f"packed {s['count']} of {s['files_in']} files into {len(s['shards'])} {s['format']} shard(s) in {args.dst}: "
+        f"{s['bytes_in'] / 1e6:.1f} MB in, {s['bytes_out'] / 1e6:.1f} MB out"
+        + (f", {rate:.0f} images/s" if rate else " (already complete)")
+        + (f", {s['skipped_shards']} shard(s) kept from an earlier run" if s.get("skipped_shards") else ""),
+        highlight=False,
+    )
+    rejects = s.get("rejects", [])
+    note = " (listed in manifest.json)" if rejects else ""
+    console.print(f"rejects: {len(rejects)}{note}", highlight=False)
+    for r in rejects[:10]:
+        console.print(f"  {r['path']}: {r['reason']}", highlight=False, markup=False)
+    return 0
+
+
+def _add_cache_options(p: Any) -> None:
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="node-shared shard cache for URLs (default: $PTT_CACHE_DIR or ~/.cache)",
+    )
+    p.add_argument(
+        "--cache-limit", default=None, help="bound of the shard cache in bytes, e.g. 50GB (default: none)"
+    )
+
+
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="counts, class histogram, sizes and checksums of a pack")
+    p.add_argument(
+        "dst", help="a folder written by `ptt pack`, or its URL (s3://bucket/p, gs://, az://, https://)"
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256/CRC32 check")
+    _add_cache_options(p)
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.set_defaults(handler=_cmd_inspect)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from pytorchtricks.shards.inspect import inspect_shards
+
+    r = inspect_shards(
+        args.dst,
+        verify=not args.no_verify,
+        decode=args.decode,
+        cache_dir=args.cache_dir,
+        cache_limit=args.cache_limit,
+    )
+    console = _console()
+    over = r["overhead"]
+    console.print(
+        f"{r['path']}: {r['format']}, {r['count']} samples in {r['shards']} shard(s), "
+        f"{r['bytes_out'] / 1e6:.1f} MB ({r['payload_bytes'] / 1e6:.1f} MB payload"
+        + (f", overhead {over:.2%}" if over is not None else "")
+        + f"), {len(r['rejects'])} rejects",
+        highlight=False,
+    )
+    table = Table(title="classes")
+    table.add_column("class")
+    table.add_column("samples", justify="right")
+    for name, n in r["classes"].items():
+        table.add_row(name, str(n))
+    console.print(table)
+    if r["problems"] is None:
+        return 0
+    for p in r["problems"]:
+        console.print(f"problem: {p}", highlight=False, markup=False)
+    console.print("integrity: ok" if not r["problems"] else f"integrity: {len(r['problems'])} problem(s)")
+    return 1 if r["problems"] else 0
