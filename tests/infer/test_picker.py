@@ -100,14 +100,9 @@ def test_int8_and_aoti_candidates_are_checked_and_refused_with_reasons(tmp_path,
     assert res.winner is not None and res.winner.status == "ok"
 
 
-@pytest.mark.slow
-def test_aoti_fp32_from_its_package_matches_eager_and_bf16_needs_native_bf16(tmp_path, monkeypatch) -> None:
+def test_bf16_is_refused_without_native_bf16(tmp_path, monkeypatch) -> None:
+    """(The AOTInductor fp32 candidates are built and checked like the int8 one above: write, load, check.)"""
     model, held = tiny(), inputs(2)
-    res = pick_artefact(model, held[0], held_out=held, precision="fp32", engines=("aoti",), rounds=2,
-                        min_run_time_s=0.02, workdir=str(tmp_path))  # fmt: skip
-    for row in res.rows[1:]:
-        assert row.status == "ok" and row.sqnr_db > 100, row
-    assert [r.name for r in res.rows[1:]] == ["AOTInductor fp32", "AOTInductor fp32 channels_last"]
     monkeypatch.setattr(picker, "_bf16_missing", lambda: "no native bf16 (test)")
     res = pick_artefact(model, held[0], held_out=held, precision="bf16", engines=("aoti",), rounds=2,
                         min_run_time_s=0.02, workdir=str(tmp_path))  # fmt: skip

@@ -30,14 +30,6 @@ from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.remote import fetch_bytes, filesystem, is_url, join_url, scrub_url, with_retries
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def default_cache_dir() -> str:
     return os.environ.get("PTT_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "pytorchtricks", "shards"
@@ -224,7 +216,7 @@ class NodeCache:
             try:
                 with_retries(lambda: self._copy(fs, rpath, tmp), "download", url)
                 got = os.path.getsize(tmp)
-                bad = got != size or (sha256 is not None and _sha256_file(tmp) != sha256)
+                bad = got != size or (sha256 is not None and layout.file_sha256(tmp) != sha256)
                 with _flock(os.path.join(self._locks, "cache.lock"), fcntl.LOCK_EX):
                     self._update_stats(downloaded_bytes=got, downloads=1)
                 if not bad:

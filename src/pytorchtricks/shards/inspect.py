@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
 from pytorchtricks.shards import layout
 from pytorchtricks.shards.errors import DecodeError, ShardError
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with layout.open_regular(path) as fh:  # a directory, FIFO or device is a ShardError, never a hang
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: bool = False) -> list[str]:
@@ -35,7 +26,7 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
             problems.append(f"{path}: missing")
             continue
         try:
-            digest = _sha256(path)
+            digest = layout.file_sha256(path)
         except ShardError as exc:
             problems.append(str(exc))
             continue

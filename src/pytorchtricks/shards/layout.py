@@ -113,6 +113,17 @@ def open_regular(path: str) -> BinaryIO:
         raise
 
 
+def file_sha256(path: str) -> str:
+    """SHA-256 of a regular file, read in 1 MiB chunks (a directory, FIFO or device is a ``ShardError``)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open_regular(path) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def regular_size(path: str) -> int:
     """Size in bytes of the regular file ``path`` (``ShardError`` when missing or not a regular file)."""
     with open_regular(path) as fh:

@@ -8,7 +8,6 @@ skips an object when the journal's sha256 is the local file's and the stored obj
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
@@ -44,14 +43,6 @@ def remote_manifest(url: str) -> dict[str, Any] | None:
         raise ShardError(f"unreadable manifest: {exc}", path=scrub_url(where)) from exc
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _remote_size(fs: Any, rpath: str, url: str) -> int:
     return int(with_retries(lambda: fs.info(rpath)["size"], "stat", url))
 
@@ -81,7 +72,7 @@ def upload_pack(local: str, url: str) -> dict[str, int]:
     stats = {"uploaded": 0, "skipped": 0, "bytes": 0}
     for name in [*names, layout.MANIFEST]:
         path = os.path.join(local, name)
-        digest = _sha256(path)
+        digest = layout.file_sha256(path)
         target = join_url(url, name)
         rpath = base.rstrip("/") + "/" + name
         if done.get(name) == digest and name != layout.MANIFEST:

@@ -36,14 +36,6 @@ from pytorchtricks.shards.tar_format import tar_sample_members, write_tar_shard
 FORMATS = ("ptt", "tar", "lmdb")
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -78,7 +70,11 @@ class _Journal:
         self.complete = bool(state.get("complete"))
         for s in state.get("shards", []):
             p = os.path.join(dst, s["name"] or "")
-            if fmt != "lmdb" and s["name"] and (not os.path.exists(p) or _sha256(p) != s["sha256"]):
+            if (
+                fmt != "lmdb"
+                and s["name"]
+                and (not os.path.exists(p) or layout.file_sha256(p) != s["sha256"])
+            ):
                 break  # keep only the verified prefix
             self.shards.append(s)
 
@@ -500,7 +496,7 @@ class _Run:
                 write_ptt_shard(path, [r for r, _, _ in self.items], labels, header)
             else:
                 write_tar_shard(path, [m for _, _, ms in self.items for m in (ms or [])])
-            entry.update(name=name, bytes=os.path.getsize(path), sha256=_sha256(path))
+            entry.update(name=name, bytes=os.path.getsize(path), sha256=layout.file_sha256(path))
         self.journal.shards.append(entry)
         if self.fmt != "lmdb":
             self.journal.save()
