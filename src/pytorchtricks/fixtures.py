@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["many_small_tensors", "randomize_bn_", "small_cnn"]
+__all__ = ["ConvUsedTwice", "many_small_tensors", "randomize_bn_", "small_cnn"]
 
 
 def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> nn.Module:
@@ -30,6 +30,18 @@ def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> n
         nn.Flatten(),
         nn.Linear(4 * w, num_classes),
     )
+
+
+class ConvUsedTwice(nn.Module):
+    """One conv called at two sites, only one of them followed by its BatchNorm (fusion must leave it alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) + self.conv(x)
 
 
 def many_small_tensors(depth: int, width: int) -> nn.Module:

@@ -11,7 +11,7 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError
-from pytorchtricks.fixtures import randomize_bn_
+from pytorchtricks.fixtures import ConvUsedTwice, randomize_bn_
 
 
 def _bns(m: nn.Module) -> int:
@@ -45,16 +45,6 @@ class ReusedRelu(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.b2(self.c2(self.relu(self.b1(self.c1(x))))))
-
-
-class ConvUsedTwice(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(4, 4, 3, padding=1)
-        self.bn = nn.BatchNorm2d(4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.conv(x)) + self.conv(x)
 
 
 class OutputUsedTwice(nn.Module):

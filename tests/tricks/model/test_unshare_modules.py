@@ -10,7 +10,7 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning
-from pytorchtricks.fixtures import randomize_bn_
+from pytorchtricks.fixtures import ConvUsedTwice, randomize_bn_
 
 
 class SharedRelu(nn.Module):
@@ -20,16 +20,6 @@ class SharedRelu(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.c2(self.relu(self.c1(x))))
-
-
-class SharedConv(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(4, 4, 3, padding=1)
-        self.bn = nn.BatchNorm2d(4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.conv(x)) + self.conv(x)
 
 
 def _sites(model: nn.Module) -> dict[int, int]:
@@ -64,7 +54,7 @@ def test_stateless_reuse_is_split_silently() -> None:
 
 def test_stateful_reuse_warns_and_then_fuses() -> None:
     torch.manual_seed(0)
-    model = randomize_bn_(SharedConv()).eval()
+    model = randomize_bn_(ConvUsedTwice()).eval()
     x = torch.randn(2, 4, 6, 6)
     ref = model(x)
     with pytest.warns(UserWarning, match="no\\s+longer share weights"):

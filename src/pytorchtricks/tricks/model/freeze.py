@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.fixtures import small_cnn
 from pytorchtricks.tricks._cases import train_step_case
 
 __all__ = ["freeze_", "unfreeze_"]
@@ -93,26 +94,12 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     batch, px = (16, 32) if size == "smoke" else (64, 64)
     dev = torch.device(device)
     torch.manual_seed(0)
-
-    def net() -> nn.Module:
-        return nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1, bias=False),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1, stride=2, bias=False),
-            nn.BatchNorm2d(64),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(64, 10),
-        ).to(dev)
-
-    base = net()
-    treated = freeze_(copy.deepcopy(base), keep=["8"])
+    base = small_cnn(in_channels=3, width=32).to(dev)
+    treated = freeze_(copy.deepcopy(base), keep=["11"])  # the head: small_cnn's last Linear
     x = torch.randn(batch, 3, px, px, device=dev)
     return train_step_case(
         base,
         treated,
         x,
-        description=f"2-conv CNN train step, batch {batch}, {px}px: all trainable vs frozen backbone",
+        description=f"3-conv CNN train step, batch {batch}, {px}px: all trainable vs frozen backbone",
     )

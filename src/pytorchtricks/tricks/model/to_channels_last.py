@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
+from pytorchtricks.fixtures import small_cnn
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["to_channels_last_"]
@@ -92,24 +93,11 @@ def to_channels_last_(model: nn.Module) -> nn.Module:
 
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
-    """Forward+backward of a small ResNet-style conv stack, NCHW vs channels-last weights and inputs."""
+    """Forward+backward of a small Conv-BN-ReLU stack (``small_cnn``), NCHW vs channels-last weights and inputs."""
     batch, px = (16, 32) if size == "smoke" else (64, 64)
     dev = torch.device(device)
     torch.manual_seed(0)
-    base = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1, bias=False),
-        nn.BatchNorm2d(32),
-        nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1, stride=2, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(),
-        nn.Conv2d(64, 64, 3, padding=1, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(64, 10),
-    ).to(dev)
+    base = small_cnn(in_channels=3, width=32).to(dev)
     treated = to_channels_last_(copy.deepcopy(base))
     x = torch.randn(batch, 3, px, px, device=dev)
     x_cl = x.contiguous(memory_format=torch.channels_last)
