@@ -221,9 +221,13 @@ def test_a_killed_worker_fails_the_pack_fast_and_the_rerun_resumes(photos, refs,
     try:
         _, err = proc.communicate(timeout=30)  # seconds, not forever (a loaded 2-core box is slow to exit)
     except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)  # the CLI prints every thread's stack: where it waits
+        time.sleep(1.0)
         proc.kill()
-        proc.communicate()
-        raise AssertionError("the pack kept running for 30 s after one of its workers was killed") from None
+        _, err = proc.communicate()
+        raise AssertionError(
+            f"the pack kept running for 30 s after one of its workers was killed; its stacks:\n{err[-6000:]}"
+        ) from None
     assert time.monotonic() - t0 < 30
     assert proc.returncode == 2, err[-2000:]
     assert "worker process died" in err and "re-run the same command to resume" in err

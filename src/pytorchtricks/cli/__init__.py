@@ -8,7 +8,10 @@ input (``PttError``) print one line with the fix and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,6 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     args = parser.parse_args(argv)
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        # `kill -USR1 <pid>` prints every thread's stack to stderr: where a long pack or tune is, or what it waits on
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        except (
+            OSError,
+            ValueError,
+            AttributeError,
+        ):  # stderr is not a file (captured, embedded): no stack dumps
+            pass
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_USAGE

@@ -128,25 +128,58 @@ def _results(
     ok = False
     try:
         window: deque[Future[list[tuple[Any, ...]]]] = deque()
-        for batch in itertools.islice(batches, 4 * workers):
-            window.append(pool.submit(_process_batch, batch))
-        while window:
-            try:
-                out = window.popleft().result()
-            except BrokenProcessPool as exc:
-                kept = sum(1 for s in written if s.get("name"))
-                raise PttError(
-                    "a pack worker process died (killed by a signal - the OOM killer, kill -9 - or crashed in an "
-                    f"image decoder); the {kept} shard(s) written so far are kept: re-run the same command to "
-                    "resume (with fewer --workers if memory ran out)."
-                ) from exc
-            nxt = next(batches, None)
-            if nxt is not None:
-                window.append(pool.submit(_process_batch, nxt))
-            yield from out
+
+        def submit(batch: list[tuple[int, str, dict[str, Any]]]) -> None:
+            try:  # submit starts workers on demand: one killed while it starts breaks the pipe it is fed by
+                window.append(pool.submit(_process_batch, batch))
+            except OSError as exc:
+                raise BrokenProcessPool(f"a worker died while starting ({exc})") from exc
+
+        try:
+            for batch in itertools.islice(batches, 4 * workers):
+                submit(batch)
+            while window:
+                out = _result_or_dead_worker(window.popleft(), pool)
+                nxt = next(batches, None)
+                if nxt is not None:
+                    submit(nxt)
+                yield from out
+        except BrokenProcessPool as exc:
+            kept = sum(1 for s in written if s.get("name"))
+            raise PttError(
+                "a pack worker process died (killed by a signal - the OOM killer, kill -9 - or crashed in an "
+                f"image decoder); the {kept} shard(s) written so far are kept: re-run the same command to "
+                "resume (with fewer --workers if memory ran out)."
+            ) from exc
         ok = True
     finally:  # on an error or an interrupt, do not wait for the batches still queued
+        if not ok:
+            for proc in _pool_processes(pool):  # nothing left to do for them; a live one would hold the exit
+                proc.kill()
         pool.shutdown(wait=ok, cancel_futures=not ok)
+
+
+def _pool_processes(pool: Any) -> list[Any]:
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def _result_or_dead_worker(future: Any, pool: Any) -> Any:
+    """``future.result()``, but a worker that died fails it within a second.
+
+    ProcessPoolExecutor itself turns a dead worker into ``BrokenProcessPool``, but the kill test (a worker killed
+    as soon as it appears) saw the pack still running 30 s later, in CI and on a loaded machine, a few times in
+    many runs; so the workers' exit codes are polled while waiting too, and a dead one fails the pack.
+    """
+    from concurrent.futures import TimeoutError as FutureTimeout
+    from concurrent.futures.process import BrokenProcessPool
+
+    while True:
+        try:
+            return future.result(timeout=1.0)
+        except FutureTimeout:
+            dead = [p for p in _pool_processes(pool) if p.exitcode not in (None, 0)]
+            if dead:
+                raise BrokenProcessPool(f"worker {dead[0].pid} exited with code {dead[0].exitcode}") from None
 
 
 def pack(
