@@ -1,8 +1,8 @@
 """CPU inference: ResNet-18 (random weights, randomized BN) at 160 px, batch 1 and 8, 1 and 2 threads.
 
 Variants, timed interleaved per configuration (``clock.compare``): eager fp32, channels_last, fused
-(``fuse_conv_bn_``), compile + freezing, bf16 (+ compile + freezing), int8 (ours: the ``ptt optimize --int8``
-pipeline), ONNX Runtime fp32 and static int8 (QDQ), 50% channels physically removed (eager), and RepVGG train vs
+(``fuse_conv_bn_``), compile + freezing, bf16 (+ compile + freezing), int8 (ours: the staged
+``infer.pipeline`` with the oneDNN plan), ONNX Runtime fp32 and static int8 (QDQ), 50% channels physically removed (eager), and RepVGG train vs
 deploy form. int8 is calibrated on real photos (Debian wallpaper packages) and its SQNR vs fp32 is measured on them.
 The picker's choice row is the file `ptt optimize --precision any` hands back for that batch and thread count.
 
@@ -71,7 +71,7 @@ def build_variants(batch: int, px: int, quick: bool) -> tuple[dict[str, Any], di
         fns["compile+freezing"] = ptt.compile_(copy.deepcopy(fused), for_inference=True)
         fns["bf16 compile+freezing"] = ptt.quantize(copy.deepcopy(base), x, "bf16")
     opt = optimize(copy.deepcopy(base), x, int8=True, calibration=calib, compile=not quick)
-    fns["int8 (ptt optimize --int8)"] = opt.model
+    fns["int8 pipeline (oneDNN plan)"] = opt.model
     tmp = tempfile.mkdtemp(prefix="ptt-onnx-")
     fp32_path, int8_path = os.path.join(tmp, "r18.onnx"), os.path.join(tmp, "r18.int8.onnx")
     ptt.export_onnx(base, x, fp32_path)

@@ -1,4 +1,4 @@
-"""Where the time of one ``ptt optimize --int8`` ResNet-18 call goes, next to ONNX Runtime static int8.
+"""Where the time of one int8 pipeline (``infer.pipeline``, once ``ptt optimize --int8``) ResNet-18 call goes, next to ONNX Runtime static int8.
 
 The inference benchmark (``inference_cpu.py``) found PyTorch's compiled int8 behind ONNX Runtime at batch 1. This
 splits one call of the compiled int8 model (PT2E x86 quantizer + inductor freezing) into three parts, measured three ways:

@@ -36,8 +36,14 @@ class ChannelsLast(nn.Module):
     convolutions run without reorders)."""
 
     def __init__(self, model: nn.Module) -> None:
+        from pytorchtricks.tricks.model.to_channels_last import to_channels_last_
+
         super().__init__()
-        self.model = model.to(memory_format=torch.channels_last)
+        with (
+            warnings.catch_warnings()
+        ):  # its grouped-conv / no-effect warnings: the candidate's timing says it
+            warnings.simplefilter("ignore")
+            self.model = to_channels_last_(model)
 
     def forward(self, *args: torch.Tensor) -> Any:
         return self.model(
@@ -59,7 +65,8 @@ class Cast(nn.Module):
         )
 
 
-def _atomic_copy(src: str, dst: str) -> None:
+def atomic_copy(src: str, dst: str) -> None:
+    """Copy ``src`` to ``dst`` through a temporary file beside it and a rename (never a half-written ``dst``)."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)) or ".", exist_ok=True)
     root, ext = os.path.splitext(dst)
     tmp = f"{root}.tmp{ext}"
@@ -91,7 +98,7 @@ def write_aoti(model: nn.Module | Any, example: tuple[Any, ...], path: str) -> s
                 built = torch._inductor.aoti_compile_and_package(
                     ep, package_path=os.path.join(folder, "model.pt2")
                 )
-        _atomic_copy(built, path)
+        atomic_copy(built, path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return path

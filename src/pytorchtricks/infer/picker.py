@@ -444,7 +444,7 @@ def write_winner(picked: Picked, out: str, *, model_spec: str) -> tuple[str, str
         raise PttError("no candidate met the bound; nothing to write (the table says why each was refused).")
     ext = artefacts.EXTENSIONS[win.kind]
     path = out if out.endswith(ext) else out + ext
-    artefacts._atomic_copy(win.path, path)
+    artefacts.atomic_copy(win.path, path)
     receipt = receipt_dict(picked, model_spec=model_spec, file=os.path.basename(path))
     rpath = artefacts.receipt_path(path)
     with open(rpath + ".tmp", "w", encoding="utf-8") as fh:
