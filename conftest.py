@@ -26,3 +26,28 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def run_threads() -> Any:
+    """``run_threads(target, n)``: start ``n`` threads on ``target``, join them all, return what they raised (a
+    thread's exception would otherwise be lost)."""
+    import threading
+
+    def run(target: Any, n: int) -> list[BaseException]:
+        errors: list[BaseException] = []
+
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException as exc:  # surfaced to the test through the returned list
+                errors.append(exc)
+
+        threads = [threading.Thread(target=guarded) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
+
+    return run

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import pytorchtricks as ptt
+from pytorchtricks.fixtures import tiny_mlp
 
 WORLD = 2
 K = 4
@@ -29,11 +30,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 5))
 
 
 def _cnn() -> nn.Module:
@@ -102,9 +98,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     info = ptt.distributed.setup(seed=100, device="cpu")
     res["info"] = [info.rank, info.world_size, info.backend, info.seed, info.is_main]
     res["rand"] = torch.rand(3).tolist()
-    res["mlp"] = _accumulation_case(_mlp, (12,), rank, None)
+    res["mlp"] = _accumulation_case(tiny_mlp, (12,), rank, None)
     res["cnn"] = _accumulation_case(_cnn, (3, 9, 9), rank, None)
-    res["mlp_weighted"] = _accumulation_case(_mlp, (12,), rank, [[2, 3, 4, 1], [8, 6, 5, 3]])
+    res["mlp_weighted"] = _accumulation_case(tiny_mlp, (12,), rank, [[2, 3, 4, 1], [8, 6, 5, 3]])
     # SyncBatchNorm runs on CUDA/XPU only: on CPU we can check the conversion, not the statistics
     bn = ptt.distributed.to_sync_batchnorm_(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
     res["syncbn_type"] = type(bn[1]).__name__

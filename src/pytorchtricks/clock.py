@@ -416,25 +416,24 @@ def _cpu_info() -> tuple[str, tuple[str, ...]]:
     return caps.model, caps.flags
 
 
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    """``git ARGS`` in this package's folder (5 s at most), output captured."""
+    return subprocess.run(
+        ["git", *args],
+        capture_output=True,
+        text=True,
+        timeout=5,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+
+
 def _git_sha() -> str | None:
     try:
-        res = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        )
+        res = _git("rev-parse", "--short", "HEAD")
         sha = res.stdout.strip()
         if res.returncode != 0 or not sha:
             return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        ).stdout.strip()
+        dirty = _git("status", "--porcelain", "--untracked-files=no").stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["ConvUsedTwice", "many_small_tensors", "randomize_bn_", "small_cnn"]
+__all__ = ["ConvUsedTwice", "many_small_tensors", "randomize_bn_", "small_cnn", "tiny_mlp"]
 
 
 def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> nn.Module:
@@ -30,6 +30,12 @@ def small_cnn(num_classes: int = 10, in_channels: int = 1, width: int = 32) -> n
         nn.Flatten(),
         nn.Linear(4 * w, num_classes),
     )
+
+
+def tiny_mlp(seed: int = 0) -> nn.Module:
+    """Linear(12, 32) - Tanh - Linear(32, 5), seeded: the same weights on every call (and in every process)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 5))
 
 
 class ConvUsedTwice(nn.Module):

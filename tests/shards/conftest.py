@@ -46,6 +46,18 @@ def packs(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
 
 
 @pytest.fixture
+def truncated_src(photos: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A copy of the photos' ``mate`` class plus ``mate/truncated.jpg`` (its first photo cut in half): (folder, the
+    good files)."""
+    src = tmp_path / "src"
+    shutil.copytree(photos / "mate", src / "mate")
+    good = sorted((src / "mate").iterdir())
+    data = good[0].read_bytes()
+    (src / "mate" / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    return src, good
+
+
+@pytest.fixture
 def pack_copy(packs: dict[str, Path], tmp_path: Path):
     """A writable copy of a session pack, for corruption tests."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -17,12 +16,9 @@ from pytorchtricks.shards.writer import pack
 
 
 @pytest.fixture
-def dirty_src(photos, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(photos / "mate", src / "mate")
-    good = sorted((src / "mate").iterdir())
+def dirty_src(truncated_src):
+    src, good = truncated_src
     data = good[0].read_bytes()
-    (src / "mate" / "truncated.jpg").write_bytes(data[: len(data) // 2])
     flipped = bytearray(data)
     flipped[200:400] = bytes(200)  # zero a run inside the entropy-coded data
     (src / "mate" / "zeroed_header.jpg").write_bytes(bytes(flipped[:30]) + bytes(64))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import io
 import math
-import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -255,24 +255,12 @@ def test_no_compiler_falls_back_counted(
 
 
 def test_build_is_atomic_and_shared_by_concurrent_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_threads: Any
 ) -> None:
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path))
     path = jpeg_roi.library_path()
     assert path.startswith(str(tmp_path))
-    errors: list[BaseException] = []
-
-    def build() -> None:
-        try:
-            jpeg_roi.build(path)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=build) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(lambda: jpeg_roi.build(path), 3)
     if errors and "compil" in str(errors[0]):
         pytest.skip(f"no C compiler / libjpeg headers here: {errors[0]}")
     assert not errors

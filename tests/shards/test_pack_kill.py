@@ -422,12 +422,8 @@ def test_stale_files_of_an_abandoned_pack_are_removed(photos, refs, tmp_path):
     }
 
 
-def test_corrupt_jpegs_are_still_rejects_and_nothing_else_is_lost(photos, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(photos / "mate", src / "mate")
-    good = sorted((src / "mate").iterdir())
-    data = good[0].read_bytes()
-    (src / "mate" / "truncated.jpg").write_bytes(data[: len(data) // 2])
+def test_corrupt_jpegs_are_still_rejects_and_nothing_else_is_lost(truncated_src, tmp_path):
+    src, good = truncated_src
     s = pack(src, tmp_path / "out", workers=0)
     assert s["count"] == len(good)
     assert list(_reasons(s)) == ["mate/truncated.jpg"]

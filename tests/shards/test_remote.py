@@ -209,24 +209,13 @@ def test_transient_errors_are_retried_with_backoff(monkeypatch):
     assert calls["n"] == 1
 
 
-def test_one_download_per_shard_when_many_threads_ask_at_once(tmp_path):
+def test_one_download_per_shard_when_many_threads_ask_at_once(tmp_path, run_threads):
     """The download lock: 8 readers asking for the same file at once fetch it once."""
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(200_000))
     cache = NodeCache(tmp_path / "cache")
-    pins, errors = [], []
-
-    def get():
-        try:
-            pins.append(cache.acquire("p/shard-000000.ptt", f"file://{src}"))
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=get) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    pins = []
+    errors = run_threads(lambda: pins.append(cache.acquire("p/shard-000000.ptt", f"file://{src}")), 8)
     assert not errors and len(pins) == 8
     assert cache.stats()["downloads"] == 1 and cache.stats()["hits"] == 7
     assert Path(pins[0].path).read_bytes() == src.read_bytes()

@@ -284,28 +284,21 @@ def test_full_check_finds_a_flip_in_any_block_sampled_always_reads_the_ends(tmp_
         CachedDataset(built.path, verify="sample")
 
 
-def test_build_lock_admits_one_holder_at_a_time(tmp_path):
-    holders, most, errors = [0], [0], []
+def test_build_lock_admits_one_holder_at_a_time(tmp_path, run_threads):
+    holders, most = [0], [0]
     guard = threading.Lock()
 
     def worker() -> None:
-        try:
-            for _ in range(15):
-                with build_lock(str(tmp_path), "0" * 16, wait_s=30):
-                    with guard:
-                        holders[0] += 1
-                        most[0] = max(most[0], holders[0])
-                    time.sleep(0.001)
-                    with guard:
-                        holders[0] -= 1
-        except Exception as exc:  # surfaced below: a thread's exception would be lost
-            errors.append(exc)
+        for _ in range(15):
+            with build_lock(str(tmp_path), "0" * 16, wait_s=30):
+                with guard:
+                    holders[0] += 1
+                    most[0] = max(most[0], holders[0])
+                time.sleep(0.001)
+                with guard:
+                    holders[0] -= 1
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(worker, 4)
     assert errors == [] and most[0] == 1 and _leftovers(tmp_path) == []
 
 

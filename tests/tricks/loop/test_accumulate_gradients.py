@@ -8,14 +8,10 @@ import torch
 from torch import nn
 
 import pytorchtricks as ptt
+from pytorchtricks.fixtures import tiny_mlp
 
 # CPU-sensitive (kernels differ by ISA): make test runs these again with the kernels limited to AVX2
 pytestmark = pytest.mark.isa
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 5))
 
 
 def _cnn() -> nn.Module:
@@ -36,7 +32,7 @@ def _max_param_diff(a: nn.Module, b: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("make,shape", [(_mlp, (12,)), (_cnn, (3, 9, 9))], ids=["mlp", "cnn"])
+@pytest.mark.parametrize("make,shape", [(tiny_mlp, (12,)), (_cnn, (3, 9, 9))], ids=["mlp", "cnn"])
 def test_k4_equals_full_batch(make, shape) -> None:
     ref, m = make(), make()
     g = torch.Generator().manual_seed(1)
@@ -56,7 +52,7 @@ def test_k4_equals_full_batch(make, shape) -> None:
 
 
 def test_unequal_micro_batches_need_weights() -> None:
-    ref, m, naive = _mlp(), _mlp(), _mlp()
+    ref, m, naive = tiny_mlp(), tiny_mlp(), tiny_mlp()
     x, y = torch.randn(30, 12), torch.randint(0, 5, (30,))
     sizes = [2, 4, 8, 16]
     lossf = nn.functional.cross_entropy
@@ -71,7 +67,7 @@ def test_unequal_micro_batches_need_weights() -> None:
 
 
 def test_scheduler_and_precision_step_once_per_k() -> None:
-    m = _mlp()
+    m = tiny_mlp()
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     mp = ptt.mixed_precision("cpu", "fp16")
@@ -86,7 +82,7 @@ def test_scheduler_and_precision_step_once_per_k() -> None:
 
 def test_partial_cycle_flushed_or_dropped() -> None:
     for flush, expected in ((True, 1), (False, 0)):
-        m = _mlp()
+        m = tiny_mlp()
         w = m[0].weight.clone()
         with ptt.accumulate_gradients(
             m, torch.optim.SGD(m.parameters(), lr=1.0), steps=4, flush_partial=flush
@@ -106,14 +102,14 @@ def test_batchnorm_warning_and_check_accumulation() -> None:
     bad = ptt.check_accumulation(bn_model, nn.functional.mse_loss, x, y, steps=4)
     assert not bad.ok and bad.batchnorm_layers == 1 and "NOT" in str(bad)
     good = ptt.check_accumulation(
-        _mlp(), nn.functional.cross_entropy, torch.randn(16, 12), torch.randint(0, 5, (16,))
+        tiny_mlp(), nn.functional.cross_entropy, torch.randn(16, 12), torch.randint(0, 5, (16,))
     )
     assert good.ok and good.max_abs_diff < 1e-6
     assert bn_model[1].num_batches_tracked == 0  # the user's model is untouched
 
 
 def test_misuse() -> None:
-    m = _mlp()
+    m = tiny_mlp()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with pytest.raises(ptt.PttError, match="steps"):
         ptt.accumulate_gradients(m, opt, steps=0)
