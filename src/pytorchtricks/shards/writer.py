@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ import numpy as np
 
 from pytorchtricks.core import NoEffectWarning, PttError
 from pytorchtricks.shards import layout
+from pytorchtricks.shards._pool import WorkerDied, ordered_map
 from pytorchtricks.shards.layout import parse_bytes
 from pytorchtricks.shards.lmdb_format import LmdbWriter, lmdb_index
 from pytorchtricks.shards.ptt_format import ptt_index, write_ptt_shard
@@ -83,103 +83,18 @@ class _Journal:
         _write_json_atomic(self.path, state)
 
 
-_BATCH = 8  # files per task sent to a worker: amortises the pickling round trip
+def _died(written: list[dict[str, Any]]) -> WorkerDied:
+    """The pack's error when a worker process dies: what is kept and how to resume."""
 
+    def message() -> str:
+        kept = sum(1 for s in written if s.get("name"))
+        return (
+            "a pack worker process died (killed by a signal - the OOM killer, kill -9 - or crashed in an "
+            f"image decoder); the {kept} shard(s) written so far are kept: re-run the same command to "
+            "resume (with fewer --workers if memory ran out)."
+        )
 
-def _process_batch(jobs: list[tuple[int, str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
-    return [process_item(job) for job in jobs]
-
-
-def _watch_parent(parent: int) -> None:
-    """Worker initializer: exit when the packing process is gone (killed -9), instead of idling forever."""
-    import threading
-    import time
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="ptt-pack-parent-watch", daemon=True).start()
-
-
-def _results(
-    jobs: list[tuple[int, str, dict[str, Any]]], workers: int, written: list[dict[str, Any]]
-) -> Generator[tuple[Any, ...], None, None]:
-    """``process_item`` of every job, in order; with ``workers`` > 1 in a pool of spawned processes.
-
-    concurrent.futures rather than multiprocessing.Pool: Pool replaces a worker killed by a signal (the OOM
-    killer, kill -9) and waits forever for the lost task; ProcessPoolExecutor fails every pending task at once
-    (BrokenProcessPool), which becomes a PttError here. At most 4 batches per worker are in flight, so memory
-    stays bounded whatever the number of files.
-    """
-    if workers <= 1 or len(jobs) < 2:
-        yield from map(process_item, jobs)
-        return
-    import multiprocessing as mp
-    from collections import deque
-    from concurrent.futures import Future, ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    batches = iter([jobs[k : k + _BATCH] for k in range(0, len(jobs), _BATCH)])
-    pool = ProcessPoolExecutor(
-        workers, mp_context=mp.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
-    )
-    ok = False
-    try:
-        window: deque[Future[list[tuple[Any, ...]]]] = deque()
-
-        def submit(batch: list[tuple[int, str, dict[str, Any]]]) -> None:
-            try:  # submit starts workers on demand: one killed while it starts breaks the pipe it is fed by
-                window.append(pool.submit(_process_batch, batch))
-            except OSError as exc:
-                raise BrokenProcessPool(f"a worker died while starting ({exc})") from exc
-
-        try:
-            for batch in itertools.islice(batches, 4 * workers):
-                submit(batch)
-            while window:
-                out = _result_or_dead_worker(window.popleft(), pool)
-                nxt = next(batches, None)
-                if nxt is not None:
-                    submit(nxt)
-                yield from out
-        except BrokenProcessPool as exc:
-            kept = sum(1 for s in written if s.get("name"))
-            raise PttError(
-                "a pack worker process died (killed by a signal - the OOM killer, kill -9 - or crashed in an "
-                f"image decoder); the {kept} shard(s) written so far are kept: re-run the same command to "
-                "resume (with fewer --workers if memory ran out)."
-            ) from exc
-        ok = True
-    finally:  # on an error or an interrupt, do not wait for the batches still queued
-        if not ok:
-            for proc in _pool_processes(pool):  # nothing left to do for them; a live one would hold the exit
-                proc.kill()
-        pool.shutdown(wait=ok, cancel_futures=not ok)
-
-
-def _pool_processes(pool: Any) -> list[Any]:
-    return list((getattr(pool, "_processes", None) or {}).values())
-
-
-def _result_or_dead_worker(future: Any, pool: Any) -> Any:
-    """``future.result()``, but a worker that died fails it within a second.
-
-    ProcessPoolExecutor itself turns a dead worker into ``BrokenProcessPool``, but the kill test (a worker killed
-    as soon as it appears) saw the pack still running 30 s later, in CI and on a loaded machine, a few times in
-    many runs; so the workers' exit codes are polled while waiting too, and a dead one fails the pack.
-    """
-    from concurrent.futures import TimeoutError as FutureTimeout
-    from concurrent.futures.process import BrokenProcessPool
-
-    while True:
-        try:
-            return future.result(timeout=1.0)
-        except FutureTimeout:
-            dead = [p for p in _pool_processes(pool) if p.exitcode not in (None, 0)]
-            if dead:
-                raise BrokenProcessPool(f"worker {dead[0].pid} exited with code {dead[0].exitcode}") from None
+    return message
 
 
 def pack(
@@ -370,7 +285,7 @@ def _pack_distributed(plan: _Plan, local: str, dst: str) -> dict[str, Any]:
                 path = spool.chunk_path(where, c)
                 if not spool.exists(path):  # an existing chunk is complete (renamed or PUT atomically)
                     jobs = plan.jobs(order, c * size, min(n, (c + 1) * size))
-                    results = _results(jobs, plan.n_workers(), [])
+                    results = ordered_map(process_item, jobs, plan.n_workers(), _died([]))
                     try:
                         spool.write_chunk(path, results, tmp_dir)
                     finally:
@@ -438,7 +353,9 @@ def _pack_local(plan: _Plan, dst: str, spooled: tuple[str, int] | None = None) -
         if spooled is not None:
             results = _spooled_results(spooled[0], spooled[1], start, len(order))
         else:
-            results = _results(plan.jobs(order, start, len(order)), plan.n_workers(), journal.shards)
+            results = ordered_map(
+                process_item, plan.jobs(order, start, len(order)), plan.n_workers(), _died(journal.shards)
+            )
         with _progress(progress, len(order), start) as bar:
             for k, res in zip(range(start, len(order)), results, strict=True):
                 run.add(k, res)

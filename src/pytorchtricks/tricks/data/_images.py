@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.jpeg import decode_image, image_size
-
-Box = tuple[int, int, int, int]  # (top, left, height, width) in source-image pixels
+from pytorchtricks.shards.jpeg import Box, decode_image, image_size
 
 
 def crop_decode(
