@@ -51,7 +51,15 @@ SETTINGS = {
 # (balance_ranges_), matched = the histogram's range search for the real level count, more = extra calibration
 # photos, clip = MSE weight ranges, bias = bias correction, grid = activation levels balance_ranges_ tries.
 # Activations that no conv/linear reads keep 0..255.
-BASE = {"act": "balanced", "matched": True, "more": 0, "clip": False, "bias": False, "grid": ACT_QMAX_CHOICES}
+BASE = {
+    "act": "balanced",
+    "matched": True,
+    "more": 0,
+    "clip": False,
+    "bias": False,
+    "grid": ACT_QMAX_CHOICES,
+    "int16": True,
+}
 REMEDIES = {
     "7-bit activations, histogram range search for 128 levels (torchao searches for 256)": {
         **BASE,
@@ -69,6 +77,13 @@ REMEDIES = {
         "grid": (127,),
         "clip": True,
         "bias": True,
+    },
+    "8-bit everywhere + MSE weight ranges + bias correction (saturates here; 'reference' is what VNNI computes)": {
+        **BASE,
+        "grid": (255,),
+        "clip": True,
+        "bias": True,
+        "int16": False,
     },
     "balanced per layer, calibrated on 64 photos": {**BASE, "more": 48},
     "balanced + MSE weight ranges + bias correction, calibrated on 64 photos": {
@@ -98,7 +113,9 @@ def _row(
     from pytorchtricks.tricks.model._onednn_plan import build_plan
 
     # remedies are built without allow_saturation: the plan refuses (and its self-check fails) unless they are exact
-    saturates = name in SETTINGS and SETTINGS[name][0] == 255 and SETTINGS[name][2] == 127
+    saturates = (name in SETTINGS and SETTINGS[name][0] == 255 and SETTINGS[name][2] == 127) or (
+        name in REMEDIES and not REMEDIES[name]["int16"]
+    )
     plan = build_plan(
         int8, (calib[0],), min_sqnr_db=-100.0 if saturates else None, allow_saturation=saturates
     )
@@ -184,6 +201,7 @@ def run(px: int, threads: int) -> list[dict[str, Any]]:
                     clip_weights=r["clip"],
                     correct_bias=r["bias"],
                     choices=r["grid"],
+                    int16=r["int16"],
                 )
         else:
             levels = {}

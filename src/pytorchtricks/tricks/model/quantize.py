@@ -300,13 +300,14 @@ def _matmul_sites(prepared: Any) -> dict[str, list[tuple[Any, str]]]:
     return sites
 
 
-def _set_levels(prepared: Any, act: str, act_qmax: int, weights: list[str]) -> None:
-    """Set an activation observer to 0..act_qmax and its consumers' weight observers to what fits with it."""
+def _set_levels(prepared: Any, act: str, act_qmax: int, weights: list[str], int16: bool = True) -> None:
+    """Set an activation observer to 0..act_qmax and its consumers' weight observers to what fits with it
+    (``int16``: inside AVX2's int16 pair sums; else 8-bit weights, as VNNI's int32 sums take)."""
     obs = prepared.get_submodule(act)
     obs.quant_max = act_qmax
     if hasattr(obs, "dst_nbins"):  # the histogram's range search for as many levels as there are
         obs.dst_nbins = act_qmax + 1
-    wmax = weight_absmax_for(act_qmax)
+    wmax = weight_absmax_for(act_qmax) if int16 else 128
     for name in weights:
         wobs = prepared.get_submodule(name)
         wobs.quant_min, wobs.quant_max = (-128, 127) if wmax >= 128 else (-wmax, wmax)
@@ -353,6 +354,7 @@ def balance_ranges_(
     clip_weights: bool = False,
     correct_bias: bool = False,
     choices: tuple[int, ...] = ACT_QMAX_CHOICES,
+    int16: bool = True,
 ) -> dict[str, tuple[int, int]]:
     """Give each activation that a conv/linear of a calibrated PT2E graph reads its levels (``"balanced"``), in place.
 
@@ -363,7 +365,8 @@ def balance_ranges_(
     output, so whatever the net does downstream amplifies both alike: the layer's own error is the measure.
     ``clip_weights``: each output channel's weight range shrunk to the least squared rounding error (else min/max);
     ``correct_bias``: each consumer's bias less the mean output error the rounding adds on the captured inputs.
-    ``choices``: the activation levels tried. Returns ``{conv/linear node name: (activation qmax, weight magnitude
+    ``choices``: the activation levels tried; ``int16=False``: weights keep 8 bits whatever the activations get
+    (what VNNI's int32 sums compute exactly; saturates on AVX2 - for measuring only). Returns ``{conv/linear node name: (activation qmax, weight magnitude
     max)}``; observers not captured get the fewest activation levels of ``choices``.
     """
     sites = _matmul_sites(prepared)
@@ -373,9 +376,9 @@ def balance_ranges_(
     chosen: dict[str, tuple[int, int]] = {}
     for names in instances.values():
         consumers = [(node, w, captured.get(act)) for act in names for node, w in sites[act]]
-        best = _Balance(prepared, names[0], consumers, clip_weights).run(correct_bias, choices)
+        best = _Balance(prepared, names[0], consumers, clip_weights, int16).run(correct_bias, choices)
         for node, _, _ in consumers:
-            chosen[node.name] = (best, weight_absmax_for(best))
+            chosen[node.name] = (best, weight_absmax_for(best) if int16 else 128)
     return chosen
 
 
@@ -388,8 +391,10 @@ class _Balance:
         act: str,
         consumers: list[tuple[Any, str, torch.Tensor | None]],
         clip_weights: bool,
+        int16: bool = True,
     ) -> None:
         self.prepared, self.act, self.consumers, self.clip_weights = prepared, act, consumers, clip_weights
+        self.int16 = int16
         self.weights = [w for _, w, _ in consumers]
         self.wobs = [prepared.get_submodule(w) for w in self.weights]
         self.ranges = [(o.min_val.clone(), o.max_val.clone()) for o in self.wobs]
@@ -398,7 +403,7 @@ class _Balance:
         self.refs: dict[str, torch.Tensor] = {}
 
     def set_levels(self, qmax: int) -> None:
-        _set_levels(self.prepared, self.act, qmax, self.weights)
+        _set_levels(self.prepared, self.act, qmax, self.weights, self.int16)
         for o, (lo, hi), w in zip(self.wobs, self.ranges, self.floats, strict=True):
             if self.clip_weights:
                 _clip_weights(o, w, lo, hi)
