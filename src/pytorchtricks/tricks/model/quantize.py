@@ -367,7 +367,8 @@ def balance_ranges_(
     ``correct_bias``: each consumer's bias less the mean output error the rounding adds on the captured inputs.
     ``choices``: the activation levels tried; ``int16=False``: weights keep 8 bits whatever the activations get
     (what VNNI's int32 sums compute exactly; saturates on AVX2 - for measuring only). Returns ``{conv/linear node name: (activation qmax, weight magnitude
-    max)}``; observers not captured get the fewest activation levels of ``choices``.
+    max)}``; observers not captured (or read by a conv/linear whose weight or bias the graph computes) get the fewest
+    activation levels of ``choices``.
     """
     sites = _matmul_sites(prepared)
     instances: dict[int, list[str]] = {}  # one observer instance may sit at several places (shared qparams)
@@ -398,14 +399,26 @@ class _Balance:
         self.weights = [w for _, w, _ in consumers]
         self.wobs = [prepared.get_submodule(w) for w in self.weights]
         self.ranges = [(o.min_val.clone(), o.max_val.clone()) for o in self.wobs]
-        self.floats = [_value(prepared, node.args[1]) for node, _, _ in consumers]
-        self.measured = all(x is not None for _, _, x in consumers)
+        # a weight or bias computed in the graph (not a parameter): not re-run, its activation gets 7 bits (exact)
+        constant = [
+            all(
+                getattr(a, "op", None) == "get_attr"
+                for a in [n.args[1].args[0], *n.args[2:]]
+                if isinstance(a, torch.fx.Node)
+            )
+            for n, _, _ in consumers
+        ]
+        self.floats = [
+            _value(prepared, n.args[1]) if c else None
+            for (n, _, _), c in zip(consumers, constant, strict=True)
+        ]
+        self.measured = all(constant) and all(x is not None for _, _, x in consumers)
         self.refs: dict[str, torch.Tensor] = {}
 
     def set_levels(self, qmax: int) -> None:
         _set_levels(self.prepared, self.act, qmax, self.weights, self.int16)
         for o, (lo, hi), w in zip(self.wobs, self.ranges, self.floats, strict=True):
-            if self.clip_weights:
+            if self.clip_weights and w is not None:
                 _clip_weights(o, w, lo, hi)
             else:
                 o.min_val, o.max_val = lo, hi
@@ -415,8 +428,8 @@ class _Balance:
         scale, zp = self.prepared.get_submodule(self.act).calculate_qparams()
         pairs = []
         for (node, _, x), o, w in zip(self.consumers, self.wobs, self.floats, strict=True):
-            if x is None:
-                raise PttError(f"{node.name}: no captured calibration input to measure its rounding error on")
+            if x is None or w is None:
+                raise PttError(f"{node.name}: no captured calibration input or constant weight to measure on")
             xq = torch.fake_quantize_per_tensor_affine(x, float(scale), int(zp), 0, qmax)
             rest = [_value(self.prepared, a) for a in node.args[2:]]
             if node.name not in self.refs:  # the float output does not depend on the levels (nor on the bias
