@@ -87,8 +87,8 @@ class CpuCaps:
         native_bf16: bf16 matmul/conv run on bf16 instructions (avx512_bf16 or AMX, not limited away); without
             it oneDNN and ATen emulate bf16 through fp32 and it is several times *slower* than fp32.
         vnni: int8 dot products accumulate in int32 directly (avx512_vnni, avx_vnni or AMX); without it the
-            AVX2 u8 x s8 kernels (``vpmaddubsw``) add pairs of products into int16 and saturate, so int8
-            activations must be quantized with one bit less (``reduce_range``).
+            AVX2 u8 x s8 kernels (``vpmaddubsw``) add pairs of products into int16 and saturate, so activation
+            and weight levels must share 15 bits (``quantize``'s balanced ranges, or ``reduce_range``).
     """
 
     model: str

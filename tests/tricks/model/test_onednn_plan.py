@@ -25,6 +25,7 @@ from pytorchtricks.tricks.model._onednn_plan import (
     build_plan,
     onednn_available,
     rounding_sqnr_db,
+    saturation_risk,
 )
 
 pytest.importorskip("torchao")
@@ -110,15 +111,16 @@ class Activations(nn.Module):
 
 
 def _int8_graph(model: nn.Module, x: torch.Tensor, reduce_range: bool | None = None) -> nn.Module:
-    """The PT2E int8 graph of ``model``; ``reduce_range=None``: as quantize decides on this CPU (no VNNI: on)."""
+    """The PT2E int8 graph of ``model``; ``reduce_range=None``: as quantize decides on this CPU (no VNNI:
+    balanced ranges)."""
     from pytorchtricks.tricks.model.quantize import _static_int8, int8_range
 
     model = randomize_bn_(model).eval()
     ptt.fuse_conv_bn_(model, x)
     g = torch.Generator().manual_seed(1)
     calib = [(torch.randn(x.shape, generator=g),) for _ in range(4)] + [(x,)]
-    rr, _ = int8_range("pt2e", reduce_range)
-    return _static_int8(model, (x,), calib, "pt2e", reduce_range=rr)
+    ranges, _ = int8_range("pt2e", reduce_range)
+    return _static_int8(model, (x,), calib, "pt2e", ranges=ranges)[0]
 
 
 def _flat(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -233,8 +235,31 @@ def test_plan_refuses_8bit_activations_on_a_cpu_without_vnni(monkeypatch: pytest
     graph = _int8_graph(ResNetLike(), x, reduce_range=False)
     zen3 = hardware.caps_from("AMD EPYC (Zen 3)", {"avx2", "fma"}, {})
     monkeypatch.setattr(hardware, "cpu_caps", lambda: zen3)
-    with pytest.raises(PlanUnsupported, match=r"without VNNI.*saturate.*reduce_range=True"):
+    with pytest.raises(PlanUnsupported, match=r"without VNNI.*saturate.*reduce_range=None"):
         build_plan(graph, (x,))
+    assert (
+        saturation_risk(255, 128) and saturation_risk(255, 64) is None and saturation_risk(127, 128) is None
+    )
+
+
+@needs_onednn
+def test_balanced_ranges_are_exact_on_the_avx2_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph quantized as on a CPU without VNNI (balanced: up to 8-bit activations, the weights what is left)
+    passes the plan's saturation rule and its exactness check against the graph, on a fake AVX2 CPU."""
+    from pytorchtricks import hardware
+
+    zen3 = hardware.caps_from("AMD EPYC (Zen 3)", {"avx2", "fma"}, {})
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: zen3)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    graph = _int8_graph(ResNetLike(), x)
+    qmax = {
+        int(n.args[4])
+        for n in graph.graph.nodes
+        if n.target == torch.ops.quantized_decomposed.quantize_per_tensor.default
+    }
+    assert max(qmax) > 127  # some activation got more than 7 bits: its weights fewer
+    _assert_agrees(graph, build_plan(graph, (x,)), x)
 
 
 @needs_onednn

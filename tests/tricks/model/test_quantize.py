@@ -180,25 +180,64 @@ def test_int8_range_is_decided_by_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
     from pytorchtricks.tricks.model.quantize import int8_range
 
     _as_cpu(monkeypatch, ZEN3)
-    rr, why = int8_range("pt2e")
-    assert rr and "no VNNI" in why
+    ranges, why = int8_range("pt2e")
+    assert ranges == "balanced" and "no VNNI" in why
     _as_cpu(monkeypatch, ZEN4)
-    assert int8_range("pt2e")[0] is False
-    assert int8_range("pt2e", reduce_range=True)[0] is True  # asked for: e.g. to deploy on an AVX2 box
-    assert int8_range("fx")[0] is True  # PyTorch's x86 FX qconfig reduces everywhere (FBGEMM int16 sums)
+    assert int8_range("pt2e")[0] == "8bit"
+    assert int8_range("pt2e", reduce_range=True)[0] == "7bit_activations"  # asked for: e.g. an AVX2 fleet
+    assert int8_range("fx")[0] == "7bit_activations"  # PyTorch's x86 FX qconfig reduces everywhere (FBGEMM)
     _as_cpu(monkeypatch, ZEN4, {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert int8_range("pt2e")[0] is True  # limited to AVX2, a Zen 4 box runs the AVX2 kernels
+    assert int8_range("pt2e")[0] == "balanced"  # limited to AVX2, a Zen 4 box runs the AVX2 kernels
 
 
-def test_pt2e_graph_gets_7bit_activations_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_weight_levels_leave_the_avx2_pair_sums_inside_int16() -> None:
+    from pytorchtricks.tricks.model.quantize import ACT_QMAX_CHOICES, weight_absmax_for
+
+    for qmax in range(1, 256):
+        w = weight_absmax_for(qmax)
+        assert 2 * qmax * w <= 32767 and (w == 128 or 2 * qmax * (w + 1) > 32767)  # the most that fits
+    assert weight_absmax_for(127) == 128 and weight_absmax_for(255) == 64  # the two ends: 8-bit w / 8-bit act
+    assert min(ACT_QMAX_CHOICES) == 127 and max(ACT_QMAX_CHOICES) == 255
+
+
+def _weight_absmax(graph: nn.Module) -> dict[str, int]:
+    """{conv/linear node name: the largest |int8 weight| it reads}, from the converted graph's weight constants."""
+    aten, dq = torch.ops.aten, torch.ops.quantized_decomposed.dequantize_per_channel.default
+    out = {}
+    for n in graph.graph.nodes:
+        if n.target in (aten.conv2d.default, aten.linear.default) and n.args[1].target == dq:
+            w = n.args[1].args[0]
+            w = getattr(graph, w.target) if w.op == "get_attr" else w
+            out[n.name] = int(w.to(torch.int16).abs().max())
+    return out
+
+
+def test_pt2e_graph_balances_its_ranges_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without VNNI every conv/linear's (activation qmax, weight max) stays inside int16 pair sums; with VNNI and
+    with reduce_range the uniform ranges stay as they were."""
+    from pytorchtricks.tricks.model.quantize import weight_absmax_for
+
     torch.manual_seed(0)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     x = torch.randn(4, 3, 16, 16)
-    for cpu, qmax in ((ZEN3, 127), (ZEN4, 255)):
+    calib = [torch.randn(4, 3, 16, 16) for _ in range(3)]
+    _as_cpu(monkeypatch, ZEN3)
+    q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager", calibration=calib))
+    assert q.int8_ranges == "balanced" and "no VNNI" in q.reduce_range_reason and q.reduce_range is False
+    assert q.int8_levels and q.safety_report.sqnr_db > 20
+    weights = _weight_absmax(q.inner)
+    assert set(weights) == set(q.int8_levels)
+    for name, (act, wmax) in q.int8_levels.items():
+        assert wmax == weight_absmax_for(act) and weights[name] <= wmax and 2 * act * weights[name] <= 32767
+    qmax = _activation_qmax(q.inner)
+    assert qmax <= {127, 159, 191, 223, 255} and {a for a, _ in q.int8_levels.values()} <= qmax
+    for cpu, rr, ranges, want in ((ZEN4, None, "8bit", {255}), (ZEN3, True, "7bit_activations", {127})):
         _as_cpu(monkeypatch, cpu)
-        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager"))
-        assert q.reduce_range is (qmax == 127) and _activation_qmax(q.inner) == {qmax}
-        assert q.reduce_range_reason.startswith("reduce_range: ") and q.safety_report.sqnr_db > 20
+        q = ptt.quantize(copy.deepcopy(model), x, ptt.QuantConfig(engine="eager", reduce_range=rr))
+        assert q.int8_ranges == ranges and q.int8_levels == {} and _activation_qmax(q.inner) == want
+        assert q.reduce_range is (ranges == "7bit_activations") and q.reduce_range_reason.startswith(
+            "reduce_range: "
+        )
     assert "no VNNI" not in q.reduce_range_reason
 
 
@@ -260,8 +299,8 @@ def test_third_party_failures_become_ptt_errors_that_say_what_to_do(monkeypatch:
 def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> None:
     """The README's line works as written; calibrated on real photos, int8 keeps >= 30 dB on other photos.
 
-    By mechanism on both CPU classes: with VNNI the int8 sums are exact in int32; without, reduce_range keeps the
-    AVX2 pair sums inside int16 (8-bit activations there lose 1-5 dB to saturation on this net).
+    By mechanism on both CPU classes: with VNNI the int8 sums are exact in int32; without, the balanced ranges keep
+    the AVX2 pair sums inside int16 (8-bit activations and weights there lose 1-5 dB to saturation on this net).
     """
     torchvision = pytest.importorskip("torchvision")
     from pytorchtricks.hardware import cpu_caps
@@ -269,7 +308,8 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
 
     torch.manual_seed(0)
     q = ptt.quantize(torchvision.models.resnet18().eval(), (torch.randn(8, 3, 160, 160),))
-    assert q.backend == "pt2e" and q.safety_report.ok and q.reduce_range is not cpu_caps().vnni
+    assert q.backend == "pt2e" and q.safety_report.ok
+    assert q.int8_ranges == ("8bit" if cpu_caps().vnni else "balanced")
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     calib, held = photos_160[:5], photos_160[5:]
@@ -278,3 +318,34 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
         ref = torch.cat([model(x) for x in held])
         got = torch.cat([q(x) for x in held])
     assert sqnr_db(ref, got) >= 30.0, (sqnr_db(ref, got), q.reduce_range_reason)
+
+
+def test_bias_correction_removes_the_mean_output_error_it_measures() -> None:
+    from pytorchtricks.tricks.model.quantize import _Balance, _capture_inputs, _matmul_sites, _x86_quantizer
+
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    calib = [torch.randn(4, 3, 16, 16) for _ in range(3)]
+    prepared = pt2e.prepare_pt2e(torch.export.export(model, (calib[0],)).module(), _x86_quantizer())
+    captured, handles = _capture_inputs(prepared, 8)
+    with torch.no_grad():
+        for c in calib:
+            prepared(c)
+    for h in handles:
+        h.remove()
+    assert {k: sum(t.shape[0] for t in v) for k, v in captured.items()} == dict.fromkeys(
+        _matmul_sites(prepared), 8
+    )
+    act, consumers = next(iter(_matmul_sites(prepared).items()))
+    balance = _Balance(
+        prepared, act, [(n, w, torch.cat(captured[act])) for n, w in consumers], clip_weights=True
+    )
+    with torch.no_grad():
+        balance.run(correct_bias=False, choices=(255,))
+        (ref, got), *_ = balance.outputs(255)  # ref: the float conv with the original bias
+        before = (got - ref).mean((0, 2, 3)).abs().max()
+        balance.run(correct_bias=True, choices=(255,))
+        (_, got), *_ = balance.outputs(255)  # the rounded conv with the corrected bias
+        after = (got - ref).mean((0, 2, 3)).abs().max()
+    assert after < 1e-3 * before, (before, after)

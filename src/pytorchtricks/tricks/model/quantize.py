@@ -10,9 +10,12 @@ calibrated on ``example_inputs`` or ``calibration=``), Linear/LSTM-heavy models 
 accuracy under PTQ (``"qat"`` then ``"qat_convert"``), or a cheap first step (``"bf16"``/``"fp16"``).
 Caveats: always use the return value (a ``Quantized`` module; int8 and QAT work on a copy with reused modules
 unshared, your model is not changed). Without VNNI (AVX2-only CPUs, or ``ONEDNN_MAX_CPU_ISA=AVX2``) the u8 x s8
-kernels add pairs of products into int16 and saturate, so static int8 quantizes activations to 7 bits
-(``reduce_range``, ``q.reduce_range_reason`` says so): exact sums again, a little coarser than 8 bits with VNNI
-(the results above are VNNI numbers; CHANGELOG has the AVX2 ones). A safety check runs by default: SQNR vs the float
+kernels add pairs of products into int16 and saturate (8-bit activations and weights: 30.3 dB on ResNet-18), so
+PT2E static int8 balances the bits instead (``q.int8_ranges == "balanced"``, ``q.reduce_range_reason`` says so):
+each conv/linear input gets 0..127 to 0..255 and its weights what is left (2 x act x weight <= 32767: exact sums),
+chosen by that layer's own output error on the calibration batches, with MSE weight ranges and bias correction -
+36.4 dB on Zen 3 vs 31.7 dB with 7-bit activations everywhere (results/avx2/int8_no_vnni.md). With VNNI nothing
+changes: 8 bits everywhere. A safety check runs by default: SQNR vs the float
 model (default floors 20 dB int8, 25 dB bf16, 40 dB fp16), and the caller's inputs must be unchanged - with
 freezing, the x86 int8 lowering of ``x + Linear(x)`` writes into the caller's input (oneDNN in-place sum): the check
 raises, pass ``clone_inputs=True``. RepVGG-style nets and depthwise convs lose most under int8 (check the SQNR).
@@ -83,7 +86,11 @@ class Quantized(nn.Module):
         self.mode, self.backend = mode, backend
         self.freezing, self.clone_inputs, self.dtype = freezing, clone_inputs, dtype
         self.safety_report: Any = None  # what the check measured (SQNR, inputs unchanged, no aliasing)
-        # static int8: activations in 0..127 instead of 0..255, and why (``int8_range``: no VNNI -> on)
+        # static int8: how activation and weight levels are split (``int8_range``: "8bit" with VNNI, "balanced"
+        # without; "7bit_activations" with reduce_range=True or FX), why, and for "balanced" what each conv/linear
+        # got ({node name: (activation qmax, weight magnitude max)}); reduce_range: 7-bit activations everywhere
+        self.int8_ranges: str | None = None
+        self.int8_levels: dict[str, tuple[int, int]] = {}
         self.reduce_range: bool | None = None
         self.reduce_range_reason: str | None = None
         # AOTInductor (engine="aot"): the loaded package, the input shapes it was built for, and its file
@@ -220,29 +227,237 @@ def _batches(
     return out
 
 
-def int8_range(backend: str, reduce_range: bool | None = None) -> tuple[bool, str]:
-    """Whether static int8 activations use 7 bits (0..127) on this CPU, and the reason (``Quantized`` keeps both).
+INT8_RANGES = ("8bit", "7bit_activations", "balanced")
+# the activation levels ("balanced") tries for each activation that a conv / linear reads; its weights get the rest
+ACT_QMAX_CHOICES = (127, 159, 191, 223, 255)
+
+
+def weight_absmax_for(act_qmax: int) -> int:
+    """The largest weight magnitude that AVX2's int16 pair sums take exactly with activations in 0..act_qmax.
+
+    ``vpmaddubsw`` adds two u8 x s8 products into int16: exact while 2 * act_qmax * weight_absmax <= 32767, so
+    7-bit activations keep 8-bit weights (-128..127) and 8-bit activations get 7-bit ones (-64..64).
+
+    Example:
+        >>> [weight_absmax_for(q) for q in (127, 191, 255)]
+        [128, 85, 64]
+    """
+    return min(128, 32767 // (2 * act_qmax))
+
+
+def int8_range(backend: str, reduce_range: bool | None = None) -> tuple[str, str]:
+    """How static int8 splits its bits on this CPU (one of ``INT8_RANGES``) and why (``Quantized`` keeps both).
 
     Without VNNI the x86 u8 x s8 kernels (oneDNN's and FBGEMM's AVX2 ``vpmaddubsw``) add each pair of products
-    into int16 and saturate: 2 * 255 * 127 overflows 32767, 2 * 127 * 128 does not. ``None`` decides by
-    ``cpu_caps().vnni`` (which honours ``ONEDNN_MAX_CPU_ISA``); FX keeps PyTorch's x86 qconfig, 7 bits everywhere.
+    into int16 and saturate: 2 * 255 * 127 overflows 32767. PT2E then gets ``"balanced"``: each activation a conv or
+    linear reads gets the activation levels (0..127 up to 0..255) that, with the weight levels left for it
+    (``weight_absmax_for``), add the least rounding noise to that layer's output on the calibration batches -
+    exact sums, and both kinds of noise land on the same output, so the layer's own error is what decides
+    (ResNet-18 on Zen 3: results/avx2/int8_no_vnni.md). ``reduce_range=True``: 7-bit activations everywhere,
+    ``False``: 8 bits everywhere (saturates without VNNI). ``None`` decides by ``cpu_caps().vnni`` (which honours
+    ``ONEDNN_MAX_CPU_ISA``); FX keeps PyTorch's x86 qconfig, 7-bit activations everywhere.
     """
     from pytorchtricks.hardware import cpu_caps
 
     caps = cpu_caps()
     if reduce_range is not None:
         return (
-            reduce_range,
+            "7bit_activations" if reduce_range else "8bit",
             f"reduce_range: {'on' if reduce_range else 'off'}, as asked ({caps.cpu_class} CPU)",
         )
     if backend == "fx":
-        return True, "reduce_range: on, FX's x86 qconfig (FBGEMM kernels may add products into int16)"
+        return (
+            "7bit_activations",
+            "reduce_range: on, FX's x86 qconfig (FBGEMM kernels may add products into int16)",
+        )
     if caps.vnni:
-        return False, f"reduce_range: off, VNNI on this CPU ({caps.cpu_class}): int8 products add up in int32"
-    return True, (
-        f"reduce_range: on, no VNNI on this CPU ({caps.cpu_class}): 7-bit activations, so the AVX2 u8 x s8 "
-        "pair sums cannot saturate int16"
+        return (
+            "8bit",
+            f"reduce_range: off, VNNI on this CPU ({caps.cpu_class}): int8 products add up in int32",
+        )
+    return "balanced", (
+        f"balanced ranges: no VNNI on this CPU ({caps.cpu_class}), so the AVX2 u8 x s8 kernels add pairs of "
+        "products into int16; each conv/linear input gets the activation levels (0..127 to 0..255) that, with "
+        "the weight levels left for it (2 x act x weight <= 32767), add the least error to that layer's output "
+        "on the calibration batches"
     )
+
+
+def _matmul_sites(prepared: Any) -> dict[str, list[tuple[Any, str]]]:
+    """The conv/linear nodes of a prepared PT2E graph, grouped by the activation observer they read.
+
+    Returns ``{activation observer name: [(conv/linear node, weight observer name), ...]}``; ops whose input or
+    weight is not observed (left in float) are not listed.
+    """
+    aten = torch.ops.aten
+    sites: dict[str, list[tuple[Any, str]]] = {}
+    for node in prepared.graph.nodes:
+        if node.op != "call_function" or node.target not in (aten.conv2d.default, aten.linear.default):
+            continue
+        x, w = node.args[0], node.args[1]
+        if getattr(x, "op", None) == "call_module" and getattr(w, "op", None) == "call_module":
+            sites.setdefault(str(x.target), []).append((node, str(w.target)))
+    return sites
+
+
+def _set_levels(prepared: Any, act: str, act_qmax: int, weights: list[str], int16: bool = True) -> None:
+    """Set an activation observer to 0..act_qmax and its consumers' weight observers to what fits with it
+    (``int16``: inside AVX2's int16 pair sums; else 8-bit weights, as VNNI's int32 sums take)."""
+    obs = prepared.get_submodule(act)
+    obs.quant_max = act_qmax
+    if hasattr(obs, "dst_nbins"):  # the histogram's range search for as many levels as there are
+        obs.dst_nbins = act_qmax + 1
+    wmax = weight_absmax_for(act_qmax) if int16 else 128
+    for name in weights:
+        wobs = prepared.get_submodule(name)
+        wobs.quant_min, wobs.quant_max = (-128, 127) if wmax >= 128 else (-wmax, wmax)
+
+
+def _clip_weights(wobs: Any, w: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:
+    """Per output channel, the weight range (a fraction of min/max) with the least squared rounding error."""
+    qmin, qmax = int(wobs.quant_min), int(wobs.quant_max)
+    flat = w.detach().reshape(w.shape[0], -1)
+    amax = torch.maximum(-lo, hi).clamp_min(1e-12)
+    best, best_err = torch.ones_like(amax), torch.full_like(amax, float("inf"))
+    for frac in torch.linspace(0.5, 1.0, 21).tolist():
+        scale = (frac * amax / ((qmax - qmin) / 2)).clamp_min(float(wobs.eps))[:, None]
+        q = (flat / scale).round_().clamp_(qmin, qmax).mul_(scale).sub_(flat)
+        err = q.mul_(q).sum(1)
+        better = err < best_err
+        best = torch.where(better, torch.full_like(amax, frac), best)
+        best_err = torch.where(better, err, best_err)
+    wobs.min_val, wobs.max_val = lo * best, hi * best
+
+
+def _fake_quant_weight(wobs: Any, w: torch.Tensor) -> torch.Tensor:
+    scale, zp = wobs.calculate_qparams()
+    return torch.fake_quantize_per_channel_affine(
+        w, scale.float(), zp.int(), int(wobs.ch_axis), int(wobs.quant_min), int(wobs.quant_max)
+    )
+
+
+def _value(prepared: Any, a: Any) -> Any:
+    """A node argument's value for a re-run of one op: parameters read, observers seen through, literals kept."""
+    from pytorchtricks.tricks.model._onednn_plan.lowering import _attr_of
+
+    if getattr(a, "op", None) == "get_attr":
+        return _attr_of(prepared, str(a.target))
+    if getattr(a, "op", None) == "call_module":
+        return _value(prepared, a.args[0])
+    return a
+
+
+def balance_ranges_(
+    prepared: Any,
+    captured: dict[str, torch.Tensor],
+    *,
+    clip_weights: bool = False,
+    correct_bias: bool = False,
+    choices: tuple[int, ...] = ACT_QMAX_CHOICES,
+    int16: bool = True,
+) -> dict[str, tuple[int, int]]:
+    """Give each activation that a conv/linear of a calibrated PT2E graph reads its levels (``"balanced"``), in place.
+
+    ``captured``: some calibration inputs of each activation observer (by name). For each observer and each of
+    ``ACT_QMAX_CHOICES`` the observer's own range search picks scale and zero point for that many levels, its
+    consumers' weights get ``weight_absmax_for`` it, and the summed relative output error of those consumers on
+    the captured inputs decides. Activation rounding noise and weight rounding noise both enter at the layer's
+    output, so whatever the net does downstream amplifies both alike: the layer's own error is the measure.
+    ``clip_weights``: each output channel's weight range shrunk to the least squared rounding error (else min/max);
+    ``correct_bias``: each consumer's bias less the mean output error the rounding adds on the captured inputs.
+    ``choices``: the activation levels tried; ``int16=False``: weights keep 8 bits whatever the activations get
+    (what VNNI's int32 sums compute exactly; saturates on AVX2 - for measuring only). Returns ``{conv/linear node name: (activation qmax, weight magnitude
+    max)}``; observers not captured (or read by a conv/linear whose weight or bias the graph computes) get the fewest
+    activation levels of ``choices``.
+    """
+    sites = _matmul_sites(prepared)
+    instances: dict[int, list[str]] = {}  # one observer instance may sit at several places (shared qparams)
+    for act in sites:
+        instances.setdefault(id(prepared.get_submodule(act)), []).append(act)
+    chosen: dict[str, tuple[int, int]] = {}
+    for names in instances.values():
+        consumers = [(node, w, captured.get(act)) for act in names for node, w in sites[act]]
+        best = _Balance(prepared, names[0], consumers, clip_weights, int16).run(correct_bias, choices)
+        for node, _, _ in consumers:
+            chosen[node.name] = (best, weight_absmax_for(best) if int16 else 128)
+    return chosen
+
+
+class _Balance:
+    """One activation observer of ``balance_ranges_``, the conv/linear nodes that read it and their inputs."""
+
+    def __init__(
+        self,
+        prepared: Any,
+        act: str,
+        consumers: list[tuple[Any, str, torch.Tensor | None]],
+        clip_weights: bool,
+        int16: bool = True,
+    ) -> None:
+        self.prepared, self.act, self.consumers, self.clip_weights = prepared, act, consumers, clip_weights
+        self.int16 = int16
+        self.weights = [w for _, w, _ in consumers]
+        self.wobs = [prepared.get_submodule(w) for w in self.weights]
+        self.ranges = [(o.min_val.clone(), o.max_val.clone()) for o in self.wobs]
+        # a weight or bias computed in the graph (not a parameter): not re-run, its activation gets 7 bits (exact)
+        constant = [
+            all(
+                getattr(a, "op", None) == "get_attr"
+                for a in [n.args[1].args[0], *n.args[2:]]
+                if isinstance(a, torch.fx.Node)
+            )
+            for n, _, _ in consumers
+        ]
+        self.floats = [
+            _value(prepared, n.args[1]) if c else None
+            for (n, _, _), c in zip(consumers, constant, strict=True)
+        ]
+        self.measured = all(constant) and all(x is not None for _, _, x in consumers)
+        self.refs: dict[str, torch.Tensor] = {}
+
+    def set_levels(self, qmax: int) -> None:
+        _set_levels(self.prepared, self.act, qmax, self.weights, self.int16)
+        for o, (lo, hi), w in zip(self.wobs, self.ranges, self.floats, strict=True):
+            if self.clip_weights and w is not None:
+                _clip_weights(o, w, lo, hi)
+            else:
+                o.min_val, o.max_val = lo, hi
+
+    def outputs(self, qmax: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(float output, output with rounded input and weights) of each consumer on its captured inputs."""
+        scale, zp = self.prepared.get_submodule(self.act).calculate_qparams()
+        pairs = []
+        for (node, _, x), o, w in zip(self.consumers, self.wobs, self.floats, strict=True):
+            if x is None or w is None:
+                raise PttError(f"{node.name}: no captured calibration input or constant weight to measure on")
+            xq = torch.fake_quantize_per_tensor_affine(x, float(scale), int(zp), 0, qmax)
+            rest = [_value(self.prepared, a) for a in node.args[2:]]
+            if node.name not in self.refs:  # the float output does not depend on the levels (nor on the bias
+                self.refs[node.name] = node.target(x, w, *rest)  # correction, which comes after)
+            pairs.append((self.refs[node.name], node.target(xq, _fake_quant_weight(o, w), *rest)))
+        return pairs
+
+    def run(self, correct_bias: bool, choices: tuple[int, ...]) -> int:
+        best = min(choices)
+        if self.measured:
+            errors = {}
+            for qmax in choices:
+                self.set_levels(qmax)
+                errors[qmax] = sum(
+                    float(((got - ref) ** 2).sum() / (ref**2).sum().clamp_min(1e-30))
+                    for ref, got in self.outputs(qmax)
+                )
+            best = min(errors, key=lambda q: errors[q])
+        self.set_levels(best)
+        if correct_bias and self.measured:
+            for (node, _, _), (ref, got) in zip(self.consumers, self.outputs(best), strict=True):
+                bias = node.args[2] if len(node.args) > 2 else None
+                if getattr(bias, "op", None) != "get_attr":
+                    continue  # no bias to carry the correction
+                linear = node.target == torch.ops.aten.linear.default  # channels last; conv: dim 1
+                dims = list(range(ref.dim() - 1)) if linear else [d for d in range(ref.dim()) if d != 1]
+                _value(self.prepared, bias).data.sub_((got - ref).mean(dims))
+        return best
 
 
 def _x86_quantizer(is_qat: bool = False, reduce_range: bool = False) -> Any:
@@ -317,27 +532,81 @@ def _export(model: nn.Module, example: tuple[Any, ...]) -> Any:
         ) from exc
 
 
+def _capture_inputs(prepared: Any, samples: int) -> tuple[dict[str, list[torch.Tensor]], list[Any]]:
+    """Forward hooks that keep the first ``samples`` calibration inputs of each observer a conv/linear reads.
+
+    One observer instance may sit at several places (a pool's output shares its input's observer): the hook counts
+    the instance's calls in graph order and keeps only the call that feeds the conv/linear.
+    """
+    calls: dict[
+        int, list[str]
+    ] = {}  # observer instance -> the observer node names calling it, in graph order
+    for node in prepared.graph.nodes:
+        if node.op == "call_module":
+            calls.setdefault(id(prepared.get_submodule(str(node.target))), []).append(str(node.target))
+    wanted = set(_matmul_sites(prepared))
+    captured: dict[str, list[torch.Tensor]] = {}
+    handles = []
+    for names in calls.values():
+        if not wanted.intersection(names):
+            continue
+        count = [0]
+
+        def keep(_m: Any, inputs: Any, _out: Any, names: list[str] = names, count: list[int] = count) -> None:
+            act = names[count[0] % len(names)]
+            count[0] += 1
+            x = inputs[0] if inputs else None
+            if act not in wanted or not isinstance(x, torch.Tensor) or x.dim() == 0:
+                return
+            kept = captured.setdefault(act, [])
+            have = sum(t.shape[0] for t in kept)
+            if have < samples and (
+                not kept or kept[0].shape[1:] == x.shape[1:]
+            ):  # one shape: they are concatenated
+                kept.append(x.detach()[: samples - have].clone())
+
+        handles.append(prepared.get_submodule(names[0]).register_forward_hook(keep))
+    return captured, handles
+
+
+BALANCE_SAMPLES = 8  # calibration samples per activation that balance_ranges_ measures layer errors on
+
+
 def _static_int8(
     model: nn.Module,
     example: tuple[Any, ...],
     batches: list[tuple[Any, ...]],
     backend: str,
     *,
-    reduce_range: bool,
-) -> Any:
-    """Calibrated static int8 of ``model`` (not changed: PT2E exports it, FX works on a copy)."""
+    ranges: str,
+) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """Calibrated static int8 of ``model`` (not changed: PT2E exports it, FX works on a copy), and for
+    ``ranges="balanced"`` the levels each conv/linear got (``balance_ranges_``)."""
+    if ranges not in INT8_RANGES:
+        raise PttError(f"unknown int8 ranges {ranges!r}; use one of {', '.join(INT8_RANGES)}.")
     if backend == "pt2e":
         pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
         graph = _export(model, example)
         step = "PT2E prepare"
         try:
-            prepared = pt2e.prepare_pt2e(graph, _x86_quantizer(reduce_range=reduce_range))
+            prepared = pt2e.prepare_pt2e(graph, _x86_quantizer(reduce_range=ranges == "7bit_activations"))
+            captured, handles = (
+                _capture_inputs(prepared, BALANCE_SAMPLES) if ranges == "balanced" else ({}, [])
+            )
             step = "calibration"
             with torch.no_grad():
                 for b in batches:
                     prepared(*b)
+            for h in handles:
+                h.remove()
+            levels: dict[str, tuple[int, int]] = {}
+            if ranges == "balanced":
+                step = "balancing the int8 ranges"
+                with torch.no_grad():
+                    kept = {k: torch.cat(v) for k, v in captured.items() if v}
+                    levels = balance_ranges_(prepared, kept, clip_weights=True, correct_bias=True)
             step = "PT2E convert"
-            return pt2e.convert_pt2e(prepared)
+            return pt2e.convert_pt2e(prepared), levels
         except PttError:
             raise
         except Exception as exc:
@@ -349,11 +618,11 @@ def _static_int8(
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     try:
-        prepared = prepare_fx(copy.deepcopy(model), _fx_qconfig_mapping(reduce_range), example)
+        prepared = prepare_fx(copy.deepcopy(model), _fx_qconfig_mapping(ranges != "8bit"), example)
         with torch.no_grad():
             for b in batches:
                 prepared(*b)
-        return convert_fx(prepared)
+        return convert_fx(prepared), {}
     except Exception as exc:
         raise PttError(
             f"FX int8 failed ({type(exc).__name__}: {str(exc)[:300]}); the forward must be torch.fx-traceable "
@@ -380,8 +649,9 @@ class QuantConfig:
             converted, inputs cast on the way in).
         calibration: batches of real inputs (tensors or ``(inputs, labels)``); default: the example inputs.
         calibration_batches: at most this many of them are used.
-        reduce_range: static int8 activations in 0..127 (``None``: on exactly when this CPU has no VNNI, where the
-            8-bit kernels saturate; FX: always on). ``q.reduce_range_reason`` says what was chosen and why.
+        reduce_range: ``True``: static int8 activations in 0..127 everywhere; ``False``: 0..255 everywhere (saturates
+            without VNNI); ``None`` (default): 8 bits with VNNI, ``"balanced"`` ranges per layer without (PT2E;
+            FX: 7 bits). ``q.int8_ranges`` and ``q.reduce_range_reason`` say what was chosen and why.
         backend: the int8 quantization flow: ``"auto"`` (PT2E when torchao is installed, else FX), ``"pt2e"``, ``"fx"``.
         engine: what runs the result: ``"eager"``; ``"compile"`` (``torch.compile``, with freezing for PT2E int8: real
             int8 kernels; the first call compiles); ``"aot"`` (PT2E int8: also an AOTInductor package for the
@@ -467,11 +737,12 @@ def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | 
     if mode == "int8":
         use = backend if backend != "auto" else ("pt2e" if _has_torchao() else "fx")
         batches = _batches(calibration, example, calibration_batches)
-        rr, why = int8_range(use, reduce_range)
-        inner = _static_int8(_working_copy(model), example, batches, use, reduce_range=rr)
+        ranges, why = int8_range(use, reduce_range)
+        inner, levels = _static_int8(_working_copy(model), example, batches, use, ranges=ranges)
         freezing = compile and use == "pt2e"  # FX output already runs eager x86 int8 kernels: not compiled
         result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
-        result.reduce_range, result.reduce_range_reason = rr, why
+        result.int8_ranges, result.int8_levels = ranges, levels
+        result.reduce_range, result.reduce_range_reason = ranges == "7bit_activations", why
         if plan and use != "pt2e":
             result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
             warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=2)
@@ -502,9 +773,10 @@ def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | 
                 "quantize(model, x, 'qat') returned, after training."
             ) from exc
         result = Quantized(_compile(inner) if compile else inner, mode, "pt2e", freezing=compile)
-        result.reduce_range, result.reduce_range_reason = getattr(model, "meta", {}).get(
-            "ptt_reduce_range", (None, None)
+        result.int8_ranges, result.reduce_range_reason = getattr(model, "meta", {}).get(
+            "ptt_int8_ranges", (None, None)
         )
+        result.reduce_range = None if result.int8_ranges is None else result.int8_ranges == "7bit_activations"
     elif mode == "int8_dynamic":
         kinds = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
         if not any(isinstance(m, kinds) for m in model.modules()):
@@ -545,16 +817,18 @@ def _has_torchao() -> bool:
 
 def _prepare_qat(model: nn.Module, example: tuple[Any, ...], reduce_range: bool | None) -> nn.Module:
     pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
-    rr, why = int8_range("pt2e", reduce_range)
+    ranges, why = int8_range("pt2e", reduce_range)
+    if ranges == "balanced":  # set from calibration statistics; QAT's fake quantizers train with fixed ranges
+        ranges, why = "7bit_activations", why.split(":")[0] + ": QAT keeps 7-bit activations (" + why + ")"
     graph = _export(_working_copy(model).train(), example)
     try:
-        prepared = pt2e.prepare_qat_pt2e(graph, _x86_quantizer(is_qat=True, reduce_range=rr))
+        prepared = pt2e.prepare_qat_pt2e(graph, _x86_quantizer(is_qat=True, reduce_range=ranges != "8bit"))
     except Exception as exc:
         raise PttError(
             f"PT2E QAT prepare failed ({type(exc).__name__}: {str(exc)[:300]}); call ptt.unshare_modules_(model) "
             "if a module is reused."
         ) from exc
-    prepared.meta["ptt_reduce_range"] = (rr, why)  # qat_convert reports it
+    prepared.meta["ptt_int8_ranges"] = (ranges, why)  # qat_convert reports it
     return prepared  # type: ignore[no-any-return]
 
 

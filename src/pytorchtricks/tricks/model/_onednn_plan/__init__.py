@@ -11,9 +11,10 @@ Supported ops (anything else raises ``PlanUnsupported`` and the caller keeps its
 conv2d (+ add of a quantized tensor) (+ relu / relu6-hardtanh / hardswish / silu / gelu, before or after the add)
 with uint8 or float output, grouped and depthwise convs, linear (+ the same activations), max_pool2d, global mean,
 adaptive_avg_pool2d with a whole-number window, flatten of a 1x1 map, inference dropout, output dequantize.
-Activations are uint8 (per-tensor scale and zero point; 0..255, or 0..127 with ``reduce_range``), weights int8
-symmetric per output channel - what the x86 PT2E quantizer makes. Without VNNI only 7-bit activations are lowered:
-the AVX2 kernels' int16 pair sums saturate on 8-bit ones (``saturation_risk``).
+Activations are uint8 (per-tensor scale and zero point; 0..qmax, qmax <= 255), weights int8 symmetric per output
+channel - what the x86 PT2E quantizer makes. Without VNNI a conv/linear is lowered only where 2 x qmax x its largest
+|weight| <= 32767: the AVX2 kernels' int16 pair sums saturate beyond (``saturation_risk``; ``quantize``'s balanced
+ranges and ``reduce_range`` both stay inside).
 """
 
 from pytorchtricks.tricks.model._onednn_plan.binding import PlanUnsupported, onednn_available

@@ -44,21 +44,25 @@ def _act_qparams(node: Any) -> tuple[float, int, int]:
     return scale, zp, qmax
 
 
-def saturation_risk(qmax: int) -> str | None:
-    """Why this CPU's u8 x s8 kernels cannot compute int8 activations in 0..qmax exactly; None when they can.
+def saturation_risk(qmax: int, weight_absmax: int = 128) -> str | None:
+    """Why this CPU's u8 x s8 kernels cannot compute activations in 0..qmax times weights in
+    -weight_absmax..weight_absmax exactly; None when they can.
 
     Without VNNI (``cpu_caps().vnni``) oneDNN's AVX2 int8 kernels multiply with ``vpmaddubsw``, which adds each pair
-    of u8 x s8 products into int16 with saturation: exact while 2 * qmax * 128 <= 32767, i.e. qmax <= 127.
+    of u8 x s8 products into int16 with saturation: exact while 2 * qmax * weight_absmax <= 32767 (7-bit
+    activations with 8-bit weights, 8-bit activations with weights in -64..64, or a split in between).
     """
     from pytorchtricks.hardware import cpu_caps
 
     caps = cpu_caps()
-    if caps.vnni or 2 * qmax * 128 <= 32767:
+    if caps.vnni or 2 * qmax * weight_absmax <= 32767:
         return None
     return (
-        f"activations in 0..{qmax} on a CPU without VNNI ({caps.cpu_class}): oneDNN's AVX2 u8 x s8 kernels add "
-        f"pairs of products into int16 and saturate (2 x {qmax} x 128 > 32767), so the plan would not compute "
-        "the int8 graph; quantize with QuantConfig(reduce_range=True) (the default on this CPU)"
+        f"activations in 0..{qmax} times weights up to {weight_absmax} on a CPU without VNNI ({caps.cpu_class}): "
+        f"oneDNN's AVX2 u8 x s8 kernels add pairs of products into int16 and saturate (2 x {qmax} x "
+        f"{weight_absmax} > 32767), so the plan would not compute the int8 graph; quantize with "
+        "QuantConfig(reduce_range=None) (on this CPU: activation and weight levels balanced so that they cannot "
+        "saturate) or reduce_range=True"
     )
 
 
@@ -355,11 +359,12 @@ class _Lowering:
 
     def _matmul_like(self, node: Any, kind: str, rank: int) -> _Pending:
         x = self.input_q(node)
-        risk = None if self.allow_saturation else saturation_risk(x.qmax)
-        if risk is not None:
-            raise PlanUnsupported(f"{node.name}: {risk}")
         args = node.args
         w = self.need(self.env[args[1]], _Weight, node)
+        absmax = int(w.int8.to(torch.int16).abs().max()) if w.int8.numel() else 0
+        risk = None if self.allow_saturation else saturation_risk(x.qmax, absmax)
+        if risk is not None:
+            raise PlanUnsupported(f"{node.name}: {risk}")
         bias = self.env.get(args[2]) if len(args) > 2 and args[2] is not None else None
         if bias is not None and not isinstance(bias, torch.Tensor):
             raise PlanUnsupported(f"{node.name}: a computed bias")
