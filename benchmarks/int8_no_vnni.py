@@ -32,7 +32,7 @@ import torch
 from pytorchtricks.clock import environment, publish
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.safety import sqnr_db
-from pytorchtricks.tricks.model.quantize import ACT_QMAX_CHOICES
+from pytorchtricks.tricks.model._int8_ranges import ACT_QMAX_CHOICES
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from inference_cpu import CALIBRATION, HELD_OUT, photos  # the same photos as bench-infer
@@ -135,12 +135,12 @@ def run(px: int, threads: int) -> list[dict[str, Any]]:
 
     import pytorchtricks as ptt
     from pytorchtricks.fixtures import randomize_bn_
-    from pytorchtricks.tricks.model.quantize import (
+    from pytorchtricks.tricks.model._int8_ranges import (
         BALANCE_SAMPLES,
-        _capture_inputs,
         _matmul_sites,
         _set_levels,
         balance_ranges_,
+        capture_inputs,
         weight_absmax_for,
     )
 
@@ -185,7 +185,7 @@ def run(px: int, threads: int) -> list[dict[str, Any]]:
         act, more = r["act"], r["more"]
         if more not in calibrated:  # one 8-bit calibration per photo count; the remedies set its observers
             prepared = prepared_graph(_quantizer(255, -128, 127))
-            captured, handles = _capture_inputs(prepared, BALANCE_SAMPLES)
+            captured, handles = capture_inputs(prepared, BALANCE_SAMPLES)
             with torch.no_grad():
                 for c in calib + extra[:more]:
                     prepared(c)

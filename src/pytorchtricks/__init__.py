@@ -90,7 +90,7 @@ _EXPORTS: dict[str, str] = {
     "quantize": "pytorchtricks.tricks.model.quantize",
     "load_artefact": "pytorchtricks.infer.artefacts",
     "QuantConfig": "pytorchtricks.tricks.model.quantize",
-    "Quantized": "pytorchtricks.tricks.model.quantize",
+    "Quantized": "pytorchtricks.tricks.model._quantized",
     "export_onnx": "pytorchtricks.tricks.model.export_onnx",
     "OnnxRunner": "pytorchtricks.tricks.model.export_onnx",
     "quantize_onnx_static": "pytorchtricks.tricks.model.export_onnx",

@@ -191,7 +191,7 @@ def test_int8_range_is_decided_by_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_weight_levels_leave_the_avx2_pair_sums_inside_int16() -> None:
-    from pytorchtricks.tricks.model.quantize import ACT_QMAX_CHOICES, weight_absmax_for
+    from pytorchtricks.tricks.model._int8_ranges import ACT_QMAX_CHOICES, weight_absmax_for
 
     for qmax in range(1, 256):
         w = weight_absmax_for(qmax)
@@ -215,7 +215,7 @@ def _weight_absmax(graph: nn.Module) -> dict[str, int]:
 def test_pt2e_graph_balances_its_ranges_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without VNNI every conv/linear's (activation qmax, weight max) stays inside int16 pair sums; with VNNI and
     with reduce_range the uniform ranges stay as they were."""
-    from pytorchtricks.tricks.model.quantize import weight_absmax_for
+    from pytorchtricks.tricks.model._int8_ranges import weight_absmax_for
 
     torch.manual_seed(0)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
@@ -321,14 +321,15 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
 
 
 def test_bias_correction_removes_the_mean_output_error_it_measures() -> None:
-    from pytorchtricks.tricks.model.quantize import _Balance, _capture_inputs, _matmul_sites, _x86_quantizer
+    from pytorchtricks.tricks.model._int8_ranges import _Balance, _matmul_sites, capture_inputs
+    from pytorchtricks.tricks.model.quantize import _x86_quantizer
 
     pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
     torch.manual_seed(0)
     model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
     calib = [torch.randn(4, 3, 16, 16) for _ in range(3)]
     prepared = pt2e.prepare_pt2e(torch.export.export(model, (calib[0],)).module(), _x86_quantizer())
-    captured, handles = _capture_inputs(prepared, 8)
+    captured, handles = capture_inputs(prepared, 8)
     with torch.no_grad():
         for c in calib:
             prepared(c)
