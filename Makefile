@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -221,6 +221,11 @@ bench-loop: setup
 # -> $(RESULTS)/checkpoint_planner-cpu.{jsonl,md}.
 bench-checkpoint: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out $(RESULTS)
+
+# Could a oneDNN fp32 plan beat ONNX Runtime? ResNet-18's convs alone as oneDNN fp32 primitives (prepacked, fused ReLU)
+# vs ORT's whole fp32 model, interleaved -> $(RESULTS)/fp32_conv_ceiling.{jsonl,md}
+bench-fp32-conv-ceiling: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/fp32_conv_ceiling.py --out $(RESULTS)/fp32_conv_ceiling
 
 # CPU inference of ResNet-18 at 160 px: eager, channels_last, fused, compile, bf16, int8 (ptt optimize --int8),
 # ONNX Runtime fp32/int8, pruned, RepVGG train vs deploy -> $(RESULTS)/inference_cpu.{jsonl,md}. INFER_ROUNDS=3 for a quick run.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -318,6 +319,71 @@ def test_resnet18_acceptance_line_and_30_db_on_held_out_photos(photos_160) -> No
         ref = torch.cat([model(x) for x in held])
         got = torch.cat([q(x) for x in held])
     assert sqnr_db(ref, got) >= 30.0, (sqnr_db(ref, got), q.reduce_range_reason)
+
+
+def _conv_params(graph: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """{conv/linear node name: (its weight's per-channel scales, its bias)} of a converted PT2E graph."""
+    aten, dq = torch.ops.aten, torch.ops.quantized_decomposed.dequantize_per_channel.default
+
+    def value(a: Any) -> Any:
+        if getattr(a, "op", None) != "get_attr":
+            return a
+        obj: Any = graph
+        for part in str(a.target).split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    out = {}
+    for n in graph.graph.nodes:
+        if n.target in (aten.conv2d.default, aten.linear.default) and n.args[1].target == dq:
+            bias = value(n.args[2]) if len(n.args) > 2 else None
+            out[n.name] = (value(n.args[1].args[1]), bias)
+    return out
+
+
+@pytest.mark.parametrize("cpu, reduce_range", [(ZEN4, None), (ZEN3, True)])
+def test_uniform_ranges_get_mse_weight_ranges_and_bias_correction(
+    monkeypatch: pytest.MonkeyPatch, cpu: tuple[str, set[str]], reduce_range: bool | None
+) -> None:
+    """8 bits everywhere (VNNI) and 7-bit activations keep their levels, but every weight range is the MSE choice
+    (never wider than min/max; at 8 bits it rarely clips: one rounding step is tiny next to an outlier's clip) and
+    the biases carry the mean rounding error: the output error on the calibration batches falls below plain PT2E's
+    with the same quantizer and batches."""
+    from pytorchtricks.safety import sqnr_db
+    from pytorchtricks.tricks.model.quantize import _x86_quantizer
+
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    torch.manual_seed(0)
+    model = randomize_bn_(small_cnn(in_channels=3, width=8)).eval()
+    calib = [torch.randn(4, 3, 16, 16) for _ in range(3)]
+    _as_cpu(monkeypatch, cpu)
+    q = ptt.quantize(
+        copy.deepcopy(model),
+        calib[0],
+        ptt.QuantConfig(engine="eager", calibration=calib, reduce_range=reduce_range),
+    )
+    assert q.int8_ranges == ("8bit" if reduce_range is None else "7bit_activations") and q.int8_levels == {}
+    plain = pt2e.prepare_pt2e(
+        torch.export.export(copy.deepcopy(model), (calib[0],)).module(),
+        _x86_quantizer(reduce_range=bool(reduce_range)),
+    )
+    with torch.no_grad():
+        for c in calib:
+            plain(c)
+    plain = pt2e.convert_pt2e(plain)
+    got, want = _conv_params(q.inner), _conv_params(plain)
+    assert got.keys() == want.keys() and got
+    changed = 0
+    for name, (scale, bias) in got.items():
+        assert torch.all(scale <= want[name][0] * (1 + 1e-6)), name  # MSE ranges: a fraction of min/max
+        if bias is not None:
+            changed += int(not torch.allclose(bias, want[name][1]))
+    assert changed == sum(b is not None for _, b in want.values()) > 0  # every bias corrected
+    with torch.no_grad():
+        ref = torch.cat([model(c) for c in calib])
+        assert sqnr_db(ref, torch.cat([q(c) for c in calib])) > sqnr_db(
+            ref, torch.cat([plain(c) for c in calib])
+        )
 
 
 def test_bias_correction_removes_the_mean_output_error_it_measures() -> None:

@@ -214,7 +214,9 @@ def _static_int8(
     ranges: str,
 ) -> tuple[Any, dict[str, tuple[int, int]]]:
     """Calibrated static int8 of ``model`` (not changed: PT2E exports it, FX works on a copy), and for
-    ``ranges="balanced"`` the levels each conv/linear got (``balance_ranges_``)."""
+    ``ranges="balanced"`` the levels each conv/linear got (``balance_ranges_``). PT2E's uniform ranges (8 bits with
+    VNNI, or 7-bit activations when asked) keep their levels and get the same MSE weight ranges and bias
+    correction (results/avx512_bf16/inference_cpu-b1.md)."""
     if ranges not in INT8_RANGES:
         raise PttError(f"unknown int8 ranges {ranges!r}; use one of {', '.join(INT8_RANGES)}.")
     if backend == "pt2e":
@@ -223,9 +225,7 @@ def _static_int8(
         step = "PT2E prepare"
         try:
             prepared = pt2e.prepare_pt2e(graph, _x86_quantizer(reduce_range=ranges == "7bit_activations"))
-            captured, handles = (
-                capture_inputs(prepared, BALANCE_SAMPLES) if ranges == "balanced" else ({}, [])
-            )
+            captured, handles = capture_inputs(prepared, BALANCE_SAMPLES)
             step = "calibration"
             with torch.no_grad():
                 for b in batches:
@@ -233,11 +233,18 @@ def _static_int8(
             for h in handles:
                 h.remove()
             levels: dict[str, tuple[int, int]] = {}
-            if ranges == "balanced":
-                step = "balancing the int8 ranges"
-                with torch.no_grad():
-                    kept = {k: torch.cat(v) for k, v in captured.items() if v}
+            step = (
+                "balancing the int8 ranges" if ranges == "balanced" else "MSE weight ranges / bias correction"
+            )
+            with torch.no_grad():
+                kept = {k: torch.cat(v) for k, v in captured.items() if v}
+                if ranges == "balanced":
                     levels = balance_ranges_(prepared, kept, clip_weights=True, correct_bias=True)
+                else:  # uniform levels stay; the weight ranges and biases are refined the same way
+                    uniform = 255 if ranges == "8bit" else 127
+                    balance_ranges_(
+                        prepared, kept, clip_weights=True, correct_bias=True, choices=(uniform,), int16=False
+                    )
             step = "PT2E convert"
             return pt2e.convert_pt2e(prepared), levels
         except PttError:
