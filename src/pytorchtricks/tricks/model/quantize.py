@@ -1,8 +1,8 @@
 """Quantize a model for CPU inference through one facade: static int8, dynamic int8, QAT, bf16/fp16 weights.
 
 Why: int8 conv/matmul on x86 with VNNI runs several times faster than fp32 (ResNet-18 at 160 px, 1 thread, Zen 4:
-PT2E int8 as a oneDNN plan (``engine="onednn"``) 6.58x / 5.08x at batch 1 / 8, 1.17-1.36x ONNX Runtime static
-int8, 35.3 dB SQNR; bf16 2.90x / 2.41x; results/avx512_bf16/inference_cpu.md, int8_breakdown.md; Linear-heavy MLPs:
+PT2E int8 as a oneDNN plan (``engine="onednn"``) 10.8x / 6.45x at batch 1 / 8, 1.26-1.55x ONNX Runtime static
+int8, 37.7 dB SQNR; bf16 3.75x / 2.70x; results/avx512_bf16/inference_cpu-b1.md, -b8.md; Linear-heavy MLPs:
 dynamic int8 5.1-5.5x per ANCHORS). The backends churn (PT2E moved to torchao; eager/FX deprecated): this picks the
 one that works.
 When: CPU inference of CNNs (``"int8"``: PT2E with torchao's X86InductorQuantizer when installed, FX otherwise,
@@ -14,9 +14,10 @@ kernels add pairs of products into int16 and saturate (8-bit activations and wei
 PT2E static int8 balances the bits instead (``q.int8_ranges == "balanced"``, ``q.reduce_range_reason`` says so):
 each conv/linear input gets 0..127 to 0..255 and its weights what is left (2 x act x weight <= 32767: exact sums),
 chosen by that layer's own output error on the calibration batches, with MSE weight ranges and bias correction -
-36.4 dB on Zen 3 vs 31.7 dB with 7-bit activations everywhere (results/avx2/int8_no_vnni.md). With VNNI nothing
-changes: 8 bits everywhere. A safety check runs by default: SQNR vs the float
-model (default floors 20 dB int8, 25 dB bf16, 40 dB fp16), and the caller's inputs must be unchanged - with
+36.4 dB on Zen 3 vs 31.7 dB with 7-bit activations everywhere (results/avx2/int8_no_vnni.md). With VNNI the levels
+stay 8 bits everywhere, with the same MSE weight ranges and bias correction (37.7 dB on Zen 4, 35.3 without).
+A safety check runs by default: SQNR vs the float model (default floors 20 dB int8, 25 dB bf16, 40 dB fp16),
+and the caller's inputs must be unchanged - with
 freezing, the x86 int8 lowering of ``x + Linear(x)`` writes into the caller's input (oneDNN in-place sum): the check
 raises, pass ``clone_inputs=True``. RepVGG-style nets and depthwise convs lose most under int8 (check the SQNR).
 Dynamic int8 on CNNs is slower (0.34-0.50x): not offered.
@@ -123,7 +124,8 @@ def int8_range(backend: str, reduce_range: bool | None = None) -> tuple[str, str
     if caps.vnni:
         return (
             "8bit",
-            f"reduce_range: off, VNNI on this CPU ({caps.cpu_class}): int8 products add up in int32",
+            f"reduce_range: off, VNNI on this CPU ({caps.cpu_class}): int8 products add up in int32 (8 bits "
+            "everywhere, MSE weight ranges and bias correction on the calibration batches)",
         )
     return "balanced", (
         f"balanced ranges: no VNNI on this CPU ({caps.cpu_class}), so the AVX2 u8 x s8 kernels add pairs of "
