@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -221,6 +221,11 @@ bench-loop: setup
 # -> $(RESULTS)/checkpoint_planner-cpu.{jsonl,md}.
 bench-checkpoint: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/checkpoint_planner.py --out $(RESULTS)
+
+# The file `ptt optimize --precision any` hands back, timed in a fresh process (torch + pytorchtricks only) next to
+# eager fp32 and to the receipt's own speed-up -> $(RESULTS)/artefact_reload.{jsonl,md}
+bench-artefact-reload: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/artefact_reload.py --out $(RESULTS)/artefact_reload
 
 # Could a oneDNN fp32 plan beat ONNX Runtime? ResNet-18's convs alone as oneDNN fp32 primitives (prepacked, fused ReLU)
 # vs ORT's whole fp32 model, interleaved -> $(RESULTS)/fp32_conv_ceiling.{jsonl,md}

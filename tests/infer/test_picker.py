@@ -186,6 +186,31 @@ def test_cli_resnet18_winner_loads_in_a_fresh_process(tmp_path, capsys) -> None:
     torch.testing.assert_close(torch.load(tmp_path / "y.pt", weights_only=True), here, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_cli_int8_plan_winner_loads_in_a_fresh_process(tmp_path, capsys) -> None:
+    """The int8 oneDNN plan (what --precision any hands back on both CPU classes) is a PT2E program whose
+    quantize/dequantize ops exist only once their module is imported: a fresh process must still load it."""
+    pytest.importorskip("torchao")
+    from pytorchtricks.tricks.model._onednn_plan import onednn_available
+
+    if not onednn_available():
+        pytest.skip("no system oneDNN (apt-get install libdnnl2; make system-deps)")
+    out = tmp_path / "m"
+    rc = main(["optimize", "pytorchtricks.fixtures:small_cnn", "--input-shape", "2,1,28,28", "--precision", "int8",
+               "--engines", "onednn", "--min-sqnr", "10", "--rounds", "1", "--threads", "1", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    win = json.loads((tmp_path / "m.json").read_text())["winner"]
+    assert win["kind"] == "onednn" and win["file"] == "m.pt2", win
+    x = torch.randn(2, 1, 28, 28)
+    torch.save(x, tmp_path / "x.pt")
+    here = artefacts.load("onednn", str(tmp_path / "m.pt2"), input_shapes=[(2, 1, 28, 28)], threads=1)(x)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "m.pt2"), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+                   check=True, env=env, cwd=str(tmp_path), timeout=300)  # fmt: skip
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt", weights_only=True), here, rtol=1e-6, atol=1e-6)
+
+
 def test_cli_refuses_bad_arguments(capsys) -> None:
     assert main(["optimize", "torch.nn:Identity", "--input-shape", "1,three"]) == 2
     assert main(["optimize", "torch.nn:Identity", "--engines", "tensorrt"]) == 2

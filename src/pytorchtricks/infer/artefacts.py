@@ -13,6 +13,7 @@ Kinds (the receipt beside the file says which, ``load_artefact`` reads it):
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -129,6 +130,10 @@ def load(kind: str, path: str, *, input_shapes: Sequence[Sequence[int]], threads
         return OnnxRunner(path, threads=threads)
     if kind == "aoti":
         return _no_grad(torch._inductor.aoti_load_package(path))
+    # an int8 program's quantize/dequantize ops live in the quantized_decomposed namespace, registered only when
+    # the module that defines them is imported: a fresh process that loads the file has not imported it yet
+    importlib.import_module("torch.ao.quantization.fx._decomposed")
+
     program = torch.export.load(path).module()
     if kind == "export":
         return _no_grad(program)
