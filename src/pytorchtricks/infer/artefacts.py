@@ -132,7 +132,13 @@ def load(kind: str, path: str, *, input_shapes: Sequence[Sequence[int]], threads
         return _no_grad(torch._inductor.aoti_load_package(path))
     # an int8 program's quantize/dequantize ops live in the quantized_decomposed namespace, registered only when
     # the module that defines them is imported: a fresh process that loads the file has not imported it yet
-    importlib.import_module("torch.ao.quantization.fx._decomposed")
+    # (torch's own module; torchao's where a later torch drops it; an fp32 program needs neither)
+    for module in ("torch.ao.quantization.fx._decomposed", "torchao.quantization.pt2e"):
+        try:
+            importlib.import_module(module)
+            break
+        except ImportError:
+            continue
 
     program = torch.export.load(path).module()
     if kind == "export":
