@@ -1,6 +1,7 @@
 """Balanced int8 ranges for CPUs without VNNI: each activation a conv/linear reads gets 0..127 to 0..255 levels and
 its weights what is left inside AVX2's int16 pair sums, chosen by that layer's own output error on captured
-calibration inputs; optional MSE weight ranges and bias correction (``quantize``'s default there, via ``int8_range``).
+calibration inputs; optional MSE weight ranges and bias correction (``quantize``'s default there, via ``int8_range``,
+and on its uniform ranges too: one level choice, weights refined the same way).
 
 Not a trick (leading underscore): the part of ``quantize``'s static int8 flow that works on a calibrated PT2E graph.
 Measured on ResNet-18 (results/avx2/int8_no_vnni.md): 36.45 dB through the AVX2 kernels vs 31.73 dB with 7-bit
@@ -188,7 +189,7 @@ class _Balance:
 
     def run(self, correct_bias: bool, choices: tuple[int, ...]) -> int:
         best = min(choices)
-        if self.measured:
+        if self.measured and len(choices) > 1:  # one choice (uniform ranges): nothing to measure between
             errors = {}
             for qmax in choices:
                 self.set_levels(qmax)
