@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.clock import now_s
+from pytorchtricks.analysis import verdict as judge
+from pytorchtricks.clock import CpuMeter, CpuUse, now_s
 
 __all__ = [
     "STAGES",
@@ -40,8 +41,7 @@ __all__ = [
     "verdict",
 ]
 
-INPUT_BOUND_SHARE = 0.30  # the step waits on its loader for more than this share: input-bound
-OPTIMIZER_BOUND_SHARE = 0.30
+OPTIMIZER_BOUND_SHARE = 0.30  # a refinement of compute-bound: the optimizer's own kernels take this share
 STAGES = ("data wait", "forward", "backward", "optimizer", "other")
 
 
@@ -75,6 +75,11 @@ class RunReport:
     sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the loop's own objects, for `ptt doctor run --tune` (not written to results.jsonl)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
+    # who used the CPU over the measured steps (clock.CpuUse.as_dict()) and the CPU-seconds per step of the
+    # training process and its loader workers (analysis.verdict.CoreSeconds.as_dict())
+    cpu: dict[str, Any] = field(default_factory=dict)
+    core_seconds: dict[str, Any] = field(default_factory=dict)
+    busy: str | None = None  # other programs took cores the step needs (analysis.verdict.machine_busy)
 
     def mean_s(self) -> dict[str, float]:
         n = max(1, len(self.steps))
@@ -122,6 +127,11 @@ class Recorder:
         self.inside: dict[str, bool] = {}
         self.shapes: dict[int, list[int]] = {}  # the first input batch each outermost model saw
         self.sites: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, id) -> where it was built / called
+        # CPU-seconds of this process and its loader workers over the measured steps (from the first measured
+        # step's start to the last one's end)
+        self.meter: CpuMeter | None = None
+        self.cpu: CpuUse | None = None
+        self.cpu_steps = 0
 
     def restart(self) -> None:
         """Time the next step from now (``ptt.watch`` entering its block)."""
@@ -206,9 +216,18 @@ class Recorder:
             self.syncs += self.step_syncs
         self.done += 1
         self.step_syncs = Counter()
-        self.restart()
         if self.stop_after is not None and self.done >= self.stop_after:
+            self.stop_meter()
             raise StopRun()
+        if self.done == self.warmup and self.meter is None:  # the measured steps start now
+            self.meter = CpuMeter().__enter__()
+        self.restart()
+
+    def stop_meter(self) -> None:
+        """End the CPU accounting at the last measured step (``collect`` calls it too: a script that ended)."""
+        if self.meter is not None and self.cpu is None:
+            self.meter.__exit__(None, None, None)
+            self.cpu, self.cpu_steps = self.meter.result, len(self.records)
 
     def timed(self, stage: str, fn: Any, keep: Any = None) -> Any:
         """``fn`` timed into ``stage``; nested calls count once (``Tensor.backward`` calls ``autograd.backward``).
@@ -389,6 +408,11 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
             report.sites["loader"] = rec.sites[("loader", id(first))]
     if ("backward", id(None)) in rec.sites:
         report.sites["backward"] = rec.sites[("backward", id(None))]
+    rec.stop_meter()
+    if rec.cpu is not None and rec.cpu_steps:
+        report.cpu = rec.cpu.as_dict()
+        report.core_seconds = judge.CoreSeconds.of(rec.cpu, rec.cpu_steps).as_dict()
+        report.busy = judge.machine_busy(rec.cpu, torch.get_num_threads())
     n = max(1, len(rec.records))
     report.syncs = sorted(((k, v / n) for k, v in rec.syncs.items()), key=lambda kv: -kv[1])
     try:
@@ -442,8 +466,20 @@ def verdict(r: RunReport) -> None:
     loader = r.loaders[0] if r.loaders else None
     where = r.sites.get("loader")
     at = f" ({os.path.basename(where['file'])}:{where['line']})" if where else ""
-    if share["data wait"] > INPUT_BOUND_SHARE:
-        r.verdict = "input-bound"
+    cs = None
+    if r.core_seconds:
+        cs = judge.CoreSeconds(
+            r.core_seconds["main_cpu_s_per_step"],
+            r.core_seconds["workers_cpu_s_per_step"],
+            r.core_seconds["cores"],
+            r.core_seconds["core_s_supplied_per_step"] / max(1, r.core_seconds["cores"]),
+        )
+        r.evidence += f"; {cs.text()}"
+    if r.busy:
+        r.evidence += f"; the machine was busy: {r.busy} - the split is the neighbour's as much as the job's"
+    v = judge.judge(m["step"], m["data wait"], core_seconds=cs)
+    if v.name == judge.INPUT_BOUND:
+        r.verdict = v.name
         workers = loader["num_workers"] if loader else "?"
         root = loader.get("root") if loader else None
         via = loader.get("via", "DataLoader") if loader else "DataLoader"
@@ -456,6 +492,12 @@ def verdict(r: RunReport) -> None:
             f"the step waits {share['data wait']:.0%} of its time for its loader{at} ({via}, {workers} workers): "
             + first
             + (f"; `ptt tune --data {root}` measures which, and a RAM cache or a pack" if root else "")
+        )
+    elif v.name == judge.CPU_CONTENDED:
+        r.verdict = v.name
+        root = loader.get("root") if loader else None
+        r.fix = f"the loader's workers{at} and the training threads share the cores: {v.fix}" + (
+            f"; `ptt tune --data {root}` measures which" if root else ""
         )
     elif share["optimizer"] > OPTIMIZER_BOUND_SHARE:
         r.verdict = "optimizer-bound"

@@ -122,6 +122,8 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     if r.lint:
         ids = ", ".join(dict.fromkeys(f"{f['id']} {f['name']}" for f in r.lint))
         console.print(f"ptt lint on the model: {len(r.lint)} finding(s): {escape(ids)}", highlight=False)
+    for line in cpu_lines(r.core_seconds, r.cpu):
+        console.print(line, highlight=False)
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
     compared = compare_runs(earlier, r) if earlier is not None else None
@@ -229,8 +231,36 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     console = _console()
     console.print(table)
     console.print(f"loader: {r.loader_images_per_s:.0f} images/s with {r.num_workers} workers")
+    if r.workers_cpu_s_per_batch is not None:
+        console.print(
+            f"loader alone: its workers used {r.workers_cpu_s_per_batch:.3f} CPU-s per batch "
+            f"({r.workers_cpu_s_per_batch / r.batch_size * 1e3:.2f} CPU-ms per sample)",
+            highlight=False,
+        )
+    for line in cpu_lines(r.core_seconds, (r.cpu or {}).get("beside the step")):
+        console.print(line, highlight=False)
     console.print(f"verdict: {r.verdict}")
     console.print(f"first fix: {r.fix}")
     for note in r.notes:
         console.print(f"note: {note}")
     return 0
+
+
+def cpu_lines(core_seconds: dict[str, Any] | None, cpu: dict[str, Any] | None) -> list[str]:
+    """The CPU-seconds accounting of a run, as printed by ``ptt doctor run`` and ``ptt doctor data``."""
+    out = []
+    if core_seconds:
+        cs = core_seconds
+        out.append(
+            f"CPU per step: training process {cs['main_cpu_s_per_step']:.3f} CPU-s, loader workers "
+            f"{cs['workers_cpu_s_per_step']:.3f} CPU-s: {cs['used_share']:.0%} of the "
+            f"{cs['core_s_supplied_per_step']:.3f} core-s {cs['cores']} core(s) supplied"
+            + (" (saturated: the loader's CPU-seconds come out of the step's)" if cs["saturated"] else "")
+        )
+    if cpu:
+        top = ", ".join(f"{t['name']} {t['cpu_s']:.1f} s" for t in cpu.get("top_others") or [])
+        out.append(
+            f"other programs took {cpu['busy_share']:.0%} of the machine's {cpu['machine_cores']} cores meanwhile"
+            + (f" ({top})" if top else "")
+        )
+    return out

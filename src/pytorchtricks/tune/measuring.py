@@ -90,6 +90,20 @@ class TuneResult:
     interrupted: bool = False
     elapsed_s: float = 0.0
     memory: Any = None  # the memory search (``tune.memory.MemorySearch``) of --memory-budget / --goal memory
+    # where the seconds went: wall seconds per phase (diagnose, waiting for a quiet machine, checks, measuring,
+    # combine, verify, self-check, report)
+    phase_s: dict[str, float] = field(default_factory=dict)
+    # who used the CPU during each phase (clock.CpuUse.as_dict(): ``busy_share`` is the share of the machine's
+    # cores other programs took), with ``busy``: why that phase's figures cannot be trusted, or None
+    cpu: dict[str, Any] = field(default_factory=dict)
+    # why the run's figures are not to be trusted (a busy machine, a diagnosis that contradicts itself); a run with
+    # any never presents "keep the current setup" as a finding
+    unreliable: list[str] = field(default_factory=list)
+    self_check: dict[str, Any] | None = None  # tune.selfcheck: compute alone in a fresh process
+
+    @property
+    def reliable(self) -> bool:
+        return not self.unreliable
 
 
 class Progress:
@@ -272,6 +286,7 @@ def facts_of(
         phase=w.for_,
         device=w.device.type,
         verdict=diag.verdict,
+        loader_can_help=diag.loader_can_help,
         data_wait_share=diag.input_share,
         data_kind=w.data_kind,
         data_bytes=data_bytes,
