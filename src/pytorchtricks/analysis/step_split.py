@@ -129,7 +129,7 @@ class Recorder:
         self.sites: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, id) -> where it was built / called
         # CPU-seconds of this process and its loader workers over the measured steps (from the first measured
         # step's start to the last one's end)
-        self.meter: CpuMeter | None = None
+        self.meter: CpuMeter | None = CpuMeter().__enter__() if warmup == 0 else None
         self.cpu: CpuUse | None = None
         self.cpu_steps = 0
 

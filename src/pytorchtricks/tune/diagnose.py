@@ -25,7 +25,9 @@ from pytorchtricks.tune.workload import Workload, pil_mode
 
 # a staged step whose own loader workers used more than this share of one core while it was timed was not alone
 WORKERS_ALIVE_CORES = 0.05
-ALONE_WINDOW_S = 0.5  # the staged step is timed for at least this long: 50 of the kernel's 10 ms CPU-time ticks
+ALONE_WINDOW_S = (
+    0.5  # the staged step is timed for at least this long: 50 of the kernel's 10 ms CPU-time ticks
+)
 # compute alone may come out this much above the whole step it is part of before the pair counts as inconsistent:
 # the timer's own spread on a quiet machine (a step's IQR is a few percent)
 ALONE_ABOVE_WHOLE = 1.10
