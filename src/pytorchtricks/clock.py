@@ -104,6 +104,14 @@ class Deadline:
         return self.remaining_s <= 0
 
 
+def hold_s(seconds: float) -> None:
+    """Hold the calling thread for ``seconds`` without using a core: what the host thread does while an
+    accelerator runs a step it launched (``ptt tune --device-step-ms``'s stand-in step)."""
+    import threading
+
+    threading.Event().wait(max(0.0, seconds))
+
+
 def time_call(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[Any, float]:
     """Run ``fn`` once and return ``(result, seconds)``, synchronising the device on both sides."""
     sync(device)

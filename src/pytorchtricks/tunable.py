@@ -88,6 +88,8 @@ class TuneFacts:
     # (``analysis.verdict.LOADER_CAN_HELP``: input-bound or CPU-contended) or figures too uncertain to rule it out;
     # None: not given (a verdict of "input-bound" alone then says yes)
     loader_can_help: bool | None = None
+    # the accelerator's step, declared (``ptt tune --device-step-ms``): only loaders are measured against it
+    declared_step_s: float | None = None
 
     @property
     def input_bound(self) -> bool:

@@ -95,7 +95,9 @@ def test_the_doctor_changes_nothing_but_time(photos, tmp_path):
     doctored, out = _losses(ptt, str(tmp_path))
     assert len(plain) == 3 and doctored == plain
     assert "the script ended after 3 optimizer step(s)" in out and "verdict:" in out
-    assert "CPU per step: training process" in out and "other programs took" in out  # the CPU-seconds accounting
+    assert (
+        "CPU per step: training process" in out and "other programs took" in out
+    )  # the CPU-seconds accounting
     rows = [json.loads(x) for x in Path(tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["doctor-run", *["doctor-step"] * 3, "doctor-summary"]
     cs = rows[-1]["core_seconds"]

@@ -52,7 +52,13 @@ def cpu_burner():
 
 def _use(**kw) -> CpuUse:
     base = dict(
-        wall_s=10.0, cores=2, machine_cores=2, main_cpu_s=15.0, workers_cpu_s=0.0, others_cpu_s=0.0, steal_s=0.0
+        wall_s=10.0,
+        cores=2,
+        machine_cores=2,
+        main_cpu_s=15.0,
+        workers_cpu_s=0.0,
+        others_cpu_s=0.0,
+        steal_s=0.0,
     )
     return CpuUse(**(base | kw))
 
@@ -147,7 +153,9 @@ def test_the_compute_step_is_not_timed_beside_a_running_process_of_ours(models_f
 
 
 def test_inconsistent_figures_are_named():
-    assert diag_mod.inconsistencies(1.0, 0.95, 1.05, 0.5, 0.0) == []  # alone below the whole step, tight spread
+    assert (
+        diag_mod.inconsistencies(1.0, 0.95, 1.05, 0.5, 0.0) == []
+    )  # alone below the whole step, tight spread
     (above,) = diag_mod.inconsistencies(1.0, 0.95, 1.05, 1.4, 0.0)
     assert "slower than the whole step" in above
     # the whole step's spread puts the input share at 9%-41%: both sides of 30%
@@ -222,7 +230,9 @@ def test_the_measuring_share_spends_the_budget_before_saying_it_is_too_short():
 def test_tune_on_a_busy_machine_says_so_and_records_busy_per_phase(tmp_path, models_file, cpu_burner):
     cpu_burner(len(os.sched_getaffinity(0)), seconds=90)  # every core the job may use: the step's thread too
     out = str(tmp_path / "out")
-    res = tune_model(f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, time_budget_s=20, out=out)
+    res = tune_model(
+        f"{models_file}:tiny", "synthetic", batch_size=8, input_size=16, time_budget_s=20, out=out
+    )
     assert res.unreliable and any("busy" in u for u in res.unreliable)
     assert all("busy_share" in d for d in res.cpu.values()) and res.cpu["diagnose"]["busy_share"] > 0.2
     assert res.phase_s and sum(res.phase_s.values()) <= res.elapsed_s + 1
@@ -237,3 +247,27 @@ def test_tune_on_a_busy_machine_says_so_and_records_busy_per_phase(tmp_path, mod
     with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
         html = fh.read()
     assert "Unreliable figures" in html and "keep the current setup" not in html
+
+
+# -- the accelerator's step, declared (--device-step-ms)
+
+
+def test_a_declared_step_holds_the_process_and_leaves_model_tricks_out(models_file, jpeg_folder):
+    from pytorchtricks.core import PttError
+    from pytorchtricks.tune.candidates import why_not
+    from pytorchtricks.tune.hooks import by_name
+    from pytorchtricks.tunable import TuneFacts
+
+    with pytest.raises(PttError, match="milliseconds"):
+        build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16, device_step_ms=-1)
+    w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16, device_step_ms=40)
+    assert w.device_step_s == pytest.approx(0.04) and any("projection" in n for n in w.notes)
+    d = diag_mod.diagnose(w, budget_s=4)
+    assert set(d.split_s) == {"data wait", "device step (declared)"}
+    assert d.split_s["device step (declared)"] == pytest.approx(0.04, rel=0.5)
+    assert d.compute_alone_s is not None and d.compute_alone_s >= 0.04  # the staged step is the declared one
+    # the stand-in step uses no core: the training process's CPU per step is far below the step's wall time
+    assert d.core_seconds is not None and d.core_seconds["main_cpu_s_per_step"] < 0.5 * d.step_s
+    facts = TuneFacts(verdict="input-bound", data_kind="files", declared_step_s=0.04, has_conv2d=True)
+    assert "declared" in (why_not(by_name("to_channels_last"), facts) or "")
+    assert why_not(by_name("make_loader"), facts) is None  # loaders are what is projected

@@ -64,6 +64,13 @@ def _summary(p: dict[str, Any]) -> str:
         f"{_e(p.get('measured_in') or 'in an interleaved run with the baseline')}, never multiplied from single "
         "gains.</p>",
     ]
+    if w.get("device_step_ms"):
+        lines.append(
+            f"<p class='rejected'><b>A projection.</b> The step was declared: {w['device_step_ms']:g} ms on the "
+            "accelerator (--device-step-ms). Each loader was timed feeding a stand-in step that held the training "
+            "process that long without using this machine's cores; the figures hold for that step time, on a "
+            "machine whose CPU is this one.</p>"
+        )
     if bad:
         lines.append(
             "<div class='rejected'><p><b>Unreliable figures.</b> "

@@ -140,6 +140,11 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
             f"recommended: {escape(', '.join(res.recommended))} -> {speedup_text(res.combined)} images/s vs baseline "
             f"(measured {where_measured(res.phases_done)})"
         )
+        if res.workload.get("device_step_ms"):
+            lines.append(
+                f"(a projection for a {res.workload['device_step_ms']:g} ms accelerator step declared with "
+                "--device-step-ms: each loader fed a stand-in step that held the training process that long)"
+            )
     elif res.unreliable:
         lines.append(
             "[bold red]no recommendation: the measurements are unreliable[/] - nothing below is a finding about "

@@ -360,8 +360,12 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         _, t0 = time_call(runner.step, w.device)
         steps = max(1, min(4, int(0.4 * budget_s / max(t0, 1e-6))))
         split, step_s, per, whole_use = _whole(runner, steps)
-        memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
-        if "step_peak_bytes" not in memory:
+        if w.device_step_s is not None:  # the step runs on the accelerator: its memory is not this machine's
+            memory = {"params_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters())}
+            notes.append("the step is declared (--device-step-ms): its memory was not measured here")
+        else:
+            memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
+        if "step_peak_bytes" not in memory and w.device_step_s is None:
             notes.append(
                 "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
             )
@@ -404,7 +408,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         notes.append(lint_note)
     from pytorchtricks.analysis.memory import memory_breakdown as breakdown
 
-    if w.for_ == "train":
+    if w.for_ == "train" and w.device_step_s is None:
         try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)

@@ -760,6 +760,8 @@ def describe(w: Workload) -> dict[str, Any]:
         "for": w.for_,
         "device": str(w.device),
         "num_outputs": w.num_outputs,
+        # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
+        "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),
     }
 
@@ -781,6 +783,7 @@ def tune_model(
     memory_budget: str | int | None = None,
     optimizer: tuple[str, dict[str, Any]] | None = None,
     script: dict[str, Any] | None = None,
+    device_step_ms: float | None = None,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
@@ -820,7 +823,7 @@ def tune_model(
         raise PttError(f"--batch-size must be a positive integer or auto, not {batch_size!r}.")
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
-        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer,
+        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer, device_step_ms=device_step_ms,
     )  # fmt: skip
     if auto_note:
         w.notes.append(auto_note)
@@ -831,7 +834,7 @@ def tune_model(
     res.workload["rebuild"] = {
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
-        "optimizer": list(w.optimizer),
+        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms,
     }  # fmt: skip
     if script is not None:
         res.workload["script"] = script

@@ -287,6 +287,7 @@ def facts_of(
         device=w.device.type,
         verdict=diag.verdict,
         loader_can_help=diag.loader_can_help,
+        declared_step_s=w.device_step_s,
         data_wait_share=diag.input_share,
         data_kind=w.data_kind,
         data_bytes=data_bytes,
