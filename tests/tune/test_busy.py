@@ -254,9 +254,9 @@ def test_tune_on_a_busy_machine_says_so_and_records_busy_per_phase(tmp_path, mod
 
 def test_a_declared_step_holds_the_process_and_leaves_model_tricks_out(models_file, jpeg_folder):
     from pytorchtricks.core import PttError
+    from pytorchtricks.tunable import TuneFacts
     from pytorchtricks.tune.candidates import why_not
     from pytorchtricks.tune.hooks import by_name
-    from pytorchtricks.tunable import TuneFacts
 
     with pytest.raises(PttError, match="milliseconds"):
         build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16, device_step_ms=-1)
