@@ -180,9 +180,8 @@ def machine_busy(use: CpuUse | None, threads: int) -> str | None:
     if taken <= BUSY_CORES:
         return None
     who = ", ".join(f"{t['name']} (pid {t['pid']}, {t['cpu_s']:.1f} CPU-s)" for t in use.top_others)
-    steal = (
-        f", {use.steal_s / use.wall_s:.0%} of a core stolen by the hypervisor" if use.steal_s > 0.01 else ""
-    )
+    stolen = use.steal_s / use.wall_s if use.wall_s > 0 else 0.0
+    steal = f", {stolen:.0%} of a core stolen by the hypervisor" if stolen >= 0.01 else ""
     return (
         f"other processes took {use.busy_share:.0%} of the machine's {use.machine_cores} cores "
         f"({use.others_cores:.2f} cores on average over {use.wall_s:.0f} s{steal}), {taken:.2f} of them from the "
