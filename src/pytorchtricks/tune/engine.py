@@ -694,6 +694,11 @@ def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> N
     diag = res.diagnosis
     if diag is None or res.interrupted:
         return
+    if w.device_step_s is not None:
+        res.self_check = {
+            "skipped": "the step is declared (--device-step-ms): there is no step of this machine's to check"
+        }
+        return
     req = request(res.workload, torch.get_num_threads())
     if req is None:
         res.self_check = {
@@ -702,7 +707,8 @@ def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> N
         return
     prog.phase("self-check: the compute step in a fresh process", None)
     with _metered(res, "self-check"):
-        fresh = run_fresh(req, timeout_s=max(30.0, 20 * (diag.compute_alone_s or diag.step_s)))
+        # a fresh interpreter imports torch and builds the model first: seconds, more on a busy machine
+        fresh = run_fresh(req, timeout_s=max(90.0, 20 * (diag.compute_alone_s or diag.step_s)))
     res.self_check = compare_figures(diag.compute_alone_s, fresh)
 
 
