@@ -48,6 +48,7 @@ from pytorchtricks.tune.measuring import (
     CandidateResult,
     Measured,
     Progress,
+    Status,
     TuneResult,
     facts_of,
     measure_variants,
@@ -129,29 +130,32 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
             c = by_name(name)
             facts.budget_left_s = time_left_s(dl)
             reason = why_not(c, facts)
-            if reason is None and dl.elapsed_s > checks_until:
+            dropped = reason is None and dl.elapsed_s > checks_until
+            if dropped:
                 reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
             if reason is not None:
-                rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
+                rows[name] = CandidateResult(
+                    c.name, Status.SKIPPED, reason, c.exact, dropped_for_time=dropped
+                )
             else:
                 try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
                     prepare_all(w, (c.name,))
                 except TuneSkip as exc:
-                    rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
                     prog.advance()
                     continue
                 try:
                     chk = check(w, (c.name,))
                 except TuneSkip as exc:  # the hook found nothing to change on this model
-                    rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
                     prog.advance()
                     continue
                 if chk.passed:
-                    rows[name] = CandidateResult(c.name, "measuring", "", c.exact, check=chk)
+                    rows[name] = CandidateResult(c.name, Status.MEASURING, "", c.exact, check=chk)
                     to_measure.append(c.name)
                 else:
                     rows[name] = CandidateResult(
-                        c.name, "failed", f"correctness check failed: {chk.detail}", c.exact, check=chk
+                        c.name, Status.FAILED, f"correctness check failed: {chk.detail}", c.exact, check=chk
                     )
             prog.advance()
     res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
@@ -164,17 +168,17 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         time_left_s(dl),
         lambda names, b: _one_run(names, t, t_compute, b, est, mem, units) is not None,
     )
-    dropped = to_measure[kept:]
+    left_out = to_measure[kept:]
     to_measure = to_measure[:kept]
-    for name in dropped:  # the numbers the plan was made on
-        rows[name].status = "skipped"
+    for name in left_out:  # the numbers the plan was made on
+        rows[name].status, rows[name].dropped_for_time = Status.SKIPPED, True
         rows[name].reason = (
             f"{DROPPED_FOR_TIME[1]}: {share:.0f} s of the budget were left for measuring, enough for "
             f"{len(to_measure)} candidate(s) in >= 3 interleaved rounds at {t:.2f} s per whole step "
             f"({t_compute:.2f} s per compute step) (raise --time-budget)"
         )
     if not to_measure:
-        if any(r.status == "skipped" and r.reason.startswith(DROPPED_FOR_TIME) for r in rows.values()):
+        if any(r.dropped_for_time for r in rows.values()):
             res.notes.append(
                 f"the time budget is too short for an interleaved A/B at {t:.2f} s per step: even its minimum "
                 f"(3 rounds of baseline and one candidate) needs over twice the {time_left_s(dl):.0f} s left"
@@ -221,9 +225,9 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         if m.scope == "compute":
             why += " on the compute step (batches staged in memory)"
         why += _payback(w, cr, m, ref)
-        cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
+        cr.status, cr.reason = (Status.KEPT, why) if ok else (Status.REJECTED, why)
     res.phases_done.append("candidates")
-    winners = [n for n in to_measure if rows[n].status == "kept"]
+    winners = [n for n in to_measure if rows[n].status is Status.KEPT]
     # best first: biggest measured speed ratio (ties by name, so the order is deterministic); a trick that
     # tunes what the others built (a loader sweep) comes after all of them
     ranked = sorted(winners, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
@@ -585,8 +589,8 @@ def run_tune(
     except KeyboardInterrupt:
         res.interrupted = True
         for c in res.candidates:
-            if c.status == "measuring":
-                c.status, c.reason = "skipped", "interrupted (Ctrl-C) before it was measured"
+            if c.status is Status.MEASURING:
+                c.status, c.reason = Status.SKIPPED, "interrupted (Ctrl-C) before it was measured"
         res.notes.append("interrupted (Ctrl-C): the receipt holds what was measured before that")
     finally:
         prog.done()

@@ -7,6 +7,7 @@ they import this module, not the engine: the engine calls them, nothing calls ba
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 from collections.abc import Callable
@@ -32,7 +33,17 @@ STEP_BASELINE = "baseline (whole step)"
 DROPPED_FOR_TIME = (
     "not tried",
     "checked but not measured",
-)  # how a candidate the budget left out is marked  # the variant name of the whole-step reference
+)  # how the reason of a candidate the budget left out begins (``CandidateResult.dropped_for_time`` marks it)
+
+
+class Status(enum.StrEnum):
+    """What became of a candidate (a ``str``: the receipt's JSON holds its value)."""
+
+    KEPT = "kept"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    MEASURING = "measuring"  # checked, in the measuring run (a finished run has none left)
 
 
 @dataclass
@@ -57,7 +68,7 @@ class Measured:
 @dataclass
 class CandidateResult:
     name: str
-    status: str  # "kept", "rejected", "skipped", "failed"
+    status: Status
     reason: str
     exact: bool
     measured: Measured | None = None
@@ -65,6 +76,7 @@ class CandidateResult:
     # one-time build (a pack, a RAM cache, a loader sweep) of the trick and what it needs, in seconds
     prepare_s: float | None = None
     break_even_epochs: float | None = None
+    dropped_for_time: bool = False  # skipped because the time budget left it out (not because it cannot help)
 
 
 @dataclass
