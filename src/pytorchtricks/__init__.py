@@ -124,6 +124,7 @@ _EXPORTS: dict[str, str] = {
     "watch": "pytorchtricks.analysis.watch",
     # tune
     "tune_model": "pytorchtricks.tune.engine",
+    "TuneConfig": "pytorchtricks.tune.engine",
 }
 
 __all__ = sorted(_EXPORTS)

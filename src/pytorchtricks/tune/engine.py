@@ -25,6 +25,7 @@ the measured step peak by ``MEMORY_MARGIN``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any
 
@@ -776,37 +777,71 @@ def describe(w: Workload) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TuneConfig:
+    """Everything ``ptt tune`` takes - the CLI's flags as one value: ``ptt.tune_model(ptt.TuneConfig(...))``.
+
+    ``model``: ``torchvision:NAME``, ``package.module:factory``, ``path.py:factory`` or a module object (default: a
+    ResNet-18 on the built-in image set); ``data``: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for
+    the built-in set. ``input_shape`` is one sample's C,H,W (default: the model's channels, ``input_size`` px);
+    ``num_workers`` the loader workers the user's loop already uses (the baseline loads with them).
+    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
+    batch is the fastest that fits. ``script``: where the model, optimizer and loader come from in the user's script
+    (``ptt doctor run --tune``). ``device_step_ms``: the accelerator's step, declared (a projection for it).
+    """
+
+    model: str | torch.nn.Module | None = None
+    data: str | None = None
+    batch_size: int | str | None = None
+    input_size: int | None = None
+    input_shape: str | tuple[int, ...] | None = None
+    num_workers: int = 2
+    goal: str = "speed"
+    for_: str = "train"
+    time_budget_s: float | None = None
+    device: str | None = "cpu"
+    out: str | None = "tune-out"  # the receipt's folder, replaced atomically; None: write nothing
+    memory_budget: str | int | None = None
+    optimizer: tuple[str, dict[str, Any]] | None = None
+    script: dict[str, Any] | None = None
+    device_step_ms: float | None = None
+
+
 def tune_model(
-    model: str | torch.nn.Module | None = None,
+    model: str | torch.nn.Module | TuneConfig | None = None,
     data: str | None = None,
     *,
-    batch_size: int | str | None = None,
-    input_size: int | None = None,
-    input_shape: str | tuple[int, ...] | None = None,
-    num_workers: int = 2,
-    goal: str = "speed",
-    for_: str = "train",
-    time_budget_s: float | None = None,
-    device: str | None = "cpu",
-    out: str | None = "tune-out",
     progress: Progress | None = None,
-    memory_budget: str | int | None = None,
-    optimizer: tuple[str, dict[str, Any]] | None = None,
-    script: dict[str, Any] | None = None,
-    device_step_ms: float | None = None,
+    **options: Any,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
-    MODEL: ``torchvision:NAME``, ``package.module:factory`` or ``path.py:factory`` (default: a ResNet-18 on the
-    built-in image set); DATA: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for the built-in set. Bad input raises
-    ``PttError`` before anything is written; the folder ``out`` is replaced atomically. ``input_shape`` is one
-    sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
-    user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
-    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
-    batch is the fastest that fits (``ptt.find_batch_size``), and the search runs at it. ``script``: where the
-    model, optimizer and loader come from in the user's script (``ptt doctor run --tune``): apply.py then says which
-    of its lines each trick changes.
+    Takes a ``TuneConfig``, or its fields as keywords (``tune_model("torchvision:resnet18", "photos/",
+    batch_size=64)``, a thin convenience over the config). Bad input raises ``PttError`` before anything is
+    written; ``progress`` receives the phases as they run.
     """
+    if isinstance(model, TuneConfig):
+        if data is not None or options:
+            raise PttError("pass a TuneConfig alone, or the options as keywords - not both.")
+        cfg = model
+    else:
+        try:
+            cfg = TuneConfig(model, data, **options)
+        except TypeError as exc:
+            raise PttError(f"tune_model: {exc}; the options are TuneConfig's fields.") from None
+    return _tune(cfg, progress)
+
+
+def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
+    model, data, batch_size, input_size, input_shape = (
+        cfg.model, cfg.data, cfg.batch_size, cfg.input_size, cfg.input_shape,
+    )  # fmt: skip
+    num_workers, goal, for_, time_budget_s, device, out = (
+        cfg.num_workers, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.device, cfg.out,
+    )  # fmt: skip
+    memory_budget, optimizer, script, device_step_ms = (
+        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms,
+    )  # fmt: skip
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
     budget_bytes, _ = parse_budget(memory_budget)  # a bad size is said before the workload is built
