@@ -101,15 +101,19 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     for i, x in enumerate(r.loaders):
         console.print(
             f"loader{at('loader') if i == 0 else ''}: {x['via']} over {x['dataset']} ({x['samples']} samples), "
-            f"batch {x['batch_size']}, num_workers "
+            f"batch {x['batch_size']}"
+            + (f" (from its {x['batch_sampler']})" if x.get("batch_sampler") else "")
+            + ", num_workers "
             f"{x['num_workers']}, pin_memory {x['pin_memory']}, persistent_workers {x['persistent_workers']}, "
             f"prefetch_factor {x['prefetch_factor']}",
             highlight=False,
         )
     if r.model:
         console.print(
-            f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params), first batch "
-            f"{'x'.join(map(str, r.input_shape)) or '?'}",
+            f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params"
+            + (f", {r.model['task']}" if r.model.get("task") else "")
+            + f"), first batch {r.first_batch()}"
+            + (f"; returns a dict ({', '.join(r.model['outputs'])})" if r.model.get("outputs") else ""),
             highlight=False,
         )
     if r.optimizer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from pytorchtricks.analysis.step_split import first_batch_text
 from pytorchtricks.report import plots
 
 CSS = """
@@ -396,7 +397,7 @@ def render_doctor(
     model, opt = summ.get("model") or {}, summ.get("optimizer") or {}
     what = []
     if model:
-        shape = "x".join(map(str, summ.get("input_shape") or [])) or "?"
+        shape = first_batch_text(summ.get("input_shape") or [], summ.get("input_list"))
         what.append(
             f"model {_e(model['class'])} ({model['params'] / 1e6:.1f} M params), first batch {_e(shape)}"
         )
