@@ -41,7 +41,8 @@ def _tune(out: str, log: str) -> int:
 
 
 def _summary(name: str, folder: str) -> dict:
-    rows = [json.loads(x) for x in open(os.path.join(folder, "results.jsonl"), encoding="utf-8")]
+    with open(os.path.join(folder, "results.jsonl"), encoding="utf-8") as fh:
+        rows = [json.loads(x) for x in fh]
     run = rows[0]
     diag = next((r for r in rows if r["kind"] == "tune-diagnosis"), {})
     summ = rows[-1]
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 except ProcessLookupError:
                     pass
         if rc != 0:
-            print(open(tmp + ".log", encoding="utf-8").read()[-3000:])
+            with open(tmp + ".log", encoding="utf-8") as fh:
+                print(fh.read()[-3000:])
             return rc
         shutil.move(tmp + ".log", os.path.join(tmp, "terminal.txt"))
         shutil.rmtree(folder, ignore_errors=True)
