@@ -116,7 +116,7 @@ class Geometry:
         backend: str = "auto",
         scaled_decode: bool = True,
     ) -> np.ndarray:
-        """The output pixels (``out_hw`` x 3, uint8) from encoded bytes ``raw``: one DCT-scaled decode of the
+        """The output pixels (``out_hw`` x 3, uint8) from encoded bytes ``raw`` (or decoded HxWx3 uint8 pixels): one DCT-scaled decode of the
         window, one bilinear resample to the output (flip and padding included).
 
         ``out``: a larger HxWx3 uint8 array (a slot of a padded batch); the output lands at its top-left corner and
@@ -132,8 +132,11 @@ class Geometry:
         if valid is None:
             dst[...] = fill
             return dst
-        denom = self.dct_denom() if scaled_decode else 1
-        px, top, left, denom = decode_scaled(raw, denom, valid, backend=backend)
+        if isinstance(raw, np.ndarray) and raw.ndim == 3:  # decoded pixels (a RAM cache): no decode to scale
+            px, top, left, denom = raw, 0, 0, 1
+        else:
+            denom = self.dct_denom() if scaled_decode else 1
+            px, top, left, denom = decode_scaled(raw, denom, valid, backend=backend)
         ky, kx = self.scale_yx
         # dst pixel (i, j) -> source edge coordinate -> scaled-grid array index (centres at integers)
         sy, sx = 1.0 / (ky * denom), 1.0 / (kx * denom)
