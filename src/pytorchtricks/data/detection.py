@@ -573,3 +573,44 @@ def open_detection(
         f"{p} is not a detection root: expected COCO (annotations/instances_*.json), YOLO (images/ + labels/) or "
         "Pascal VOC (Annotations/ + JPEGImages/); pass format='coco'|'yolo'|'voc'."
     )
+
+
+_TV_DETECTION = ("CocoDetection", "VOCDetection", "Kitti", "WIDERFace", "VisionDatasetTVTensorWrapper")
+
+
+def is_detection_dataset(dataset: Any) -> bool:
+    """True for a dataset whose targets are boxes: ours (``task == "detection"``), torchvision's detection datasets
+    (``CocoDetection``, ``VOCDetection``, ...) and their ``wrap_dataset_for_transforms_v2`` wrapper. By class only:
+    nothing is read."""
+    if getattr(dataset, "task", None) == "detection":
+        return True
+    return any(c.__name__ in _TV_DETECTION for c in type(dataset).__mro__)
+
+
+def refuse_detection(dataset: Any, who: str) -> None:
+    """Raise the one PttError that names the fix when ``who`` (a classification path) is given a detection dataset."""
+    if is_detection_dataset(dataset):
+        raise PttError(
+            f"{who} takes (image, class label) samples; {type(dataset).__name__} is a detection dataset (boxes per "
+            "image). Open the annotations with ptt.open_detection(root) and load them with "
+            "ptt.make_detection_loader(dataset, batch_size, recipe) (padded uint8 batches, boxes that follow the "
+            "resize/crop/flip); pack them with `ptt pack COCO_OR_YOLO_OR_VOC_ROOT DST`."
+        )
+
+
+def refuse_detection_root(path: str | os.PathLike[str], who: str) -> None:
+    """Raise when ``path`` is a COCO / YOLO / VOC root that ``who`` would misread as an ImageFolder tree."""
+    fmt = detection_layout(path)
+    if fmt is not None:
+        raise PttError(
+            f"{os.fspath(path)!r} is a {fmt.upper()} detection root ({_LAYOUT_SIGN[fmt]}), not an ImageFolder tree: "
+            f"{who} would read its folders as classes. Use ptt.open_detection({os.fspath(path)!r}) and "
+            "ptt.make_detection_loader."
+        )
+
+
+_LAYOUT_SIGN = {
+    "coco": "annotations/*.json",
+    "yolo": "images/ + labels/",
+    "voc": "Annotations/ + JPEGImages/",
+}

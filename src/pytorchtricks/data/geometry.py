@@ -62,11 +62,13 @@ class Geometry:
         oy = (ys - self.window[0]) * ky
         return (self.out_hw[1] - ox if self.flip else ox), oy
 
-    def map_boxes(self, boxes: Any, min_size: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    def map_boxes(
+        self, boxes: Any, min_size: float = 1.0, min_area: float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """XYXY ``boxes`` [K, 4] in source pixels -> ``(boxes [M, 4] float32 in output pixels, kept indices [M])``.
 
-        Clipped to the output; a box that ends narrower or lower than ``min_size`` output pixels (torchvision's
-        ``SanitizeBoundingBoxes`` default: 1) is dropped, as is, under ``centre_rule``, one whose centre leaves the
+        Clipped to the output; a box that ends narrower or lower than ``min_size`` output pixels, or smaller than
+        ``min_area`` square pixels (torchvision's ``SanitizeBoundingBoxes`` defaults: 1 and 1), is dropped, as is, under ``centre_rule``, one whose centre leaves the
         window. ``K - M`` is how many were dropped.
         """
         b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
@@ -82,9 +84,13 @@ class Geometry:
         out = np.stack([x1, y1, x2, y2], axis=1) if len(b) else np.zeros((0, 4))
         out[:, 0::2] = out[:, 0::2].clip(0, self.out_hw[1])
         out[:, 1::2] = out[:, 1::2].clip(0, self.out_hw[0])
-        keep &= (out[:, 2] - out[:, 0] >= min_size) & (out[:, 3] - out[:, 1] >= min_size)
+        out32 = out.astype(
+            np.float32
+        )  # judged in float32, as the boxes are handed out (and as v2 judges them)
+        ws, hs = out32[:, 2] - out32[:, 0], out32[:, 3] - out32[:, 1]
+        keep &= (ws >= min_size) & (hs >= min_size) & (ws * hs >= min_area)
         idx = np.flatnonzero(keep)
-        return out[idx].astype(np.float32), idx
+        return out32[idx], idx
 
     def inverse_boxes(self, boxes: Any) -> np.ndarray:
         """Output XYXY boxes back to source pixels (no clipping): ``map_boxes``'s inverse on kept boxes."""

@@ -492,10 +492,43 @@ def decode_scaled(
         if denom > 1 and whole == "pil":  # no DCT scaling there: decode whole, then average down to the grid
             arr = _resize(_IMPL["pil"](buf, None, None), (hs, ws), area=True)
             return arr, 0, 0, denom
-        # asking for exactly ceil(size / denom): every backend then decodes at 1/denom, with no resize after it
-        arr = _IMPL[whole](buf, None, (hs, ws) if denom > 1 else None)
+        arr = _whole_at_scale(buf, denom, whole) if denom > 1 else _IMPL[whole](buf, None, None)
+        _count(arr.shape[0] * arr.shape[1])
         return arr, 0, 0, denom
     except PttError:
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode image ({len(buf)} bytes) with {name}: {exc}") from exc
+
+
+def _whole_at_scale(buf: Any, denom: int, name: str) -> np.ndarray:
+    """The whole JPEG at exactly 1/``denom`` (``ceil(size / denom)``, libjpeg's scaled IDCT), no resize after it."""
+    h0, w0 = image_size(buf)
+    hs, ws = -(-h0 // denom), -(-w0 // denom)
+    if name == "simplejpeg":
+        import simplejpeg
+
+        return simplejpeg.decode_jpeg(buf, colorspace="RGB", min_height=hs, min_width=ws)
+    if name == "turbojpeg":
+        return _turbo_handle().decode(
+            bytes(buf), pixel_format=_turbo_module().TJPF_RGB, scaling_factor=(1, denom)
+        )
+    if name == "opencv":
+        import cv2
+
+        flag = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[
+            denom
+        ]
+        bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+        if bgr is None:
+            raise DecodeError("opencv could not decode the image")
+        return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    from PIL import Image
+
+    img: Any = Image.open(io.BytesIO(buf))
+    img.draft("RGB", (ws, hs))  # Pillow picks the largest scale that keeps at least this size: 1/denom
+    img = img.convert("RGB") if img.mode != "RGB" else img
+    arr = np.asarray(img)
+    if arr.shape[:2] != (hs, ws):  # plain "pil" has no DCT scaling: average down to the grid
+        arr = _resize(arr, (hs, ws), area=True)
+    return arr
