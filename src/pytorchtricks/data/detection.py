@@ -410,10 +410,12 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     b.bad(f"unknown class {name!r}", path, j, rel)
                     continue
                 try:
+                    if bb is None:
+                        raise ValueError("no <bndbox>")
                     x1, y1, x2, y2 = (
                         float(bb.findtext(t) or "nan") for t in ("xmin", "ymin", "xmax", "ymax")
-                    )  # type: ignore[union-attr]
-                except (AttributeError, ValueError) as exc:
+                    )
+                except ValueError as exc:
                     b.bad(f"object {j} has no numeric bndbox ({exc})", path, j, rel)
                     continue
                 xyxy = [x1 - 1, y1 - 1, x2, y2]
