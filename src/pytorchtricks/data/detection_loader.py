@@ -109,7 +109,7 @@ class GroupedEpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
 def read_detection_item(dataset: Any, i: int) -> tuple[Any, dict[str, Any]]:
     """``(encoded bytes or pixels, target)`` of sample ``i``: a ``DetectionDataset``, any dataset returning
     ``(image, {"boxes": ..., "labels": ...})``, or a pack record ``(bytes, label, {"target": {...}})``."""
-    item = dataset[i]
+    item = dataset.read_raw(i) if hasattr(dataset, "read_raw") else dataset[i]  # a pack: the stored bytes
     if (
         isinstance(item, tuple | list)
         and len(item) == 3
