@@ -144,6 +144,8 @@ class Geometry:
             denom = self.dct_denom() if scaled_decode else 1
             px, top, left, denom = decode_scaled(raw, denom, valid, backend=backend)
         ky, kx = self.scale_yx
+        if self._resize_fast(px, top, left, denom, dst, valid, fill):
+            return dst
         # dst pixel (i, j) -> source edge coordinate -> scaled-grid array index (centres at integers)
         sy, sx = 1.0 / (ky * denom), 1.0 / (kx * denom)
         cy = 0.5 * sy + self.window[0] / denom - top - 0.5
@@ -164,6 +166,49 @@ class Geometry:
         )
         self._fill_outside(dst, valid, fill)
         return dst
+
+    def _resize_fast(
+        self,
+        px: np.ndarray,
+        top: int,
+        left: int,
+        denom: int,
+        dst: np.ndarray,
+        valid: tuple[float, float, float, float],
+        fill: int,
+    ) -> bool:
+        """When the window is a whole-pixel rectangle of the decoded grid inside the image (a plain resize: the
+        shortest-side recipe on a photo whose sides divide by the DCT scale), resample with ``cv2.resize`` - the
+        same pixel-centre map as the warp, about 4x cheaper - and flip after. False: not that case."""
+        import cv2
+
+        if valid != self.window:
+            return False
+        y0, x0 = self.window[0] / denom - top, self.window[1] / denom - left
+        h, w = self.window[2] / denom, self.window[3] / denom
+        r = [round(v) for v in (y0, x0, h, w)]
+        if max(abs(a - b) for a, b in zip(r, (y0, x0, h, w), strict=True)) > 1e-9:
+            return False
+        y0i, x0i, hi, wi = r
+        if y0i < 0 or x0i < 0 or y0i + hi > px.shape[0] or x0i + wi > px.shape[1]:
+            return False
+        if (
+            min(hi / self.out_hw[0], wi / self.out_hw[1]) >= 2
+        ):  # bilinear would alias (no DCT scale got it < 2x)
+            return False
+        oh, ow = self.out_hw
+        region = px[y0i : y0i + hi, x0i : x0i + wi]
+        whole = dst.shape[0] == oh and dst.shape[1] == ow
+        out = cv2.resize(
+            region, (ow, oh), dst=dst if whole and not self.flip else None, interpolation=cv2.INTER_LINEAR
+        )
+        if self.flip:
+            out = cv2.flip(out, 1, dst=dst if whole else None)
+        if not whole:
+            dst[:oh, :ow] = out
+            dst[oh:] = fill
+            dst[:oh, ow:] = fill
+        return True
 
     def _fill_outside(self, dst: np.ndarray, valid: tuple[float, float, float, float], fill: int) -> None:
         """Set ``fill`` where an output pixel's centre lies outside the image (padding, zoom-out) or outside the
