@@ -106,3 +106,23 @@ def test_warp_fills_padding_and_zoom_out_border():
         g.warp(raw, out=np.zeros((100, 100, 3), np.uint8))
     with pytest.raises(PttError, match="degenerate"):
         Geometry((240, 320), (0.0, 0.0, 0.0, 10.0), (10, 10))
+
+
+def test_png_input_follows_the_same_grid():
+    """A PNG has no DCT scaling: it is decoded whole and averaged to the 1/d grid, then warped like a JPEG."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    arr = np.asarray(
+        Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).resize(
+            (640, 480), Image.Resampling.BICUBIC
+        )
+    )
+    png, jpg = io.BytesIO(), io.BytesIO()
+    Image.fromarray(arr).save(png, "PNG")
+    Image.fromarray(arr).save(jpg, "JPEG", quality=95)
+    g = Geometry((480, 640), (0.0, 0.0, 480.0, 640.0), (120, 160), flip=True)
+    assert g.dct_denom() == 4
+    a, b = g.warp(png.getvalue()), g.warp(jpg.getvalue())
+    mse = ((a.astype(float) - b.astype(float)) ** 2).mean()
+    assert 10 * np.log10(255**2 / mse) > 30

@@ -449,8 +449,8 @@ def decode_scaled(
     Scaled pixel ``j`` covers original pixels ``[j * denom, (j + 1) * denom)``; ``pixels[0, 0]`` is scaled pixel
     ``(top, left)``. With ``box`` (``top, left, height, width`` in original pixels, fractional allowed) only the
     rows and iMCU columns holding it, plus one scaled pixel of margin for interpolation, are decoded (the window
-    path of ``shards.jpeg_roi``); what it refuses decodes the whole image at the scale. Non-JPEG input is decoded
-    at full size and ``denom`` comes back as 1. This is the decode a geometry plan (``data.geometry``) warps from:
+    path of ``shards.jpeg_roi``); what it refuses decodes the whole image at the scale. Non-JPEG input (no DCT
+    scaling) is decoded at full size and averaged down to the same grid. This is the decode a geometry plan (``data.geometry``) warps from:
     one resample from the DCT grid to the output, whatever the crop, pad, flip or scale.
 
     Example:
@@ -468,11 +468,13 @@ def decode_scaled(
         raise PttError(f"unknown decode backend {backend!r}; use auto or one of {', '.join(BACKENDS)}.")
     _STATS["images"] += 1
     try:
-        if not is_jpeg(buf):
-            arr = _IMPL["pil"](buf, None, None)
-            return arr, 0, 0, 1
         h0, w0 = image_size(buf)
         hs, ws = -(-h0 // denom), -(-w0 // denom)
+        if not is_jpeg(
+            buf
+        ):  # no DCT: decode whole, then average down to the grid (the resample after it < 2x)
+            arr = _IMPL["pil"](buf, None, None)
+            return (_resize(arr, (hs, ws), area=True), 0, 0, denom) if denom > 1 else (arr, 0, 0, 1)
         if box is not None and name == "roi":
             t = max(0, math.floor(box[0] / denom) - 1)
             lf = max(0, math.floor(box[1] / denom) - 1)
