@@ -90,6 +90,7 @@ class TuneFacts:
     loader_can_help: bool | None = None
     # the accelerator's step, declared (``ptt tune --device-step-ms``): only loaders are measured against it
     declared_step_s: float | None = None
+    task: str = "classification"  # or "detection": only hooks whose ``tasks`` name it are measured
 
     @property
     def input_bound(self) -> bool:
@@ -194,6 +195,8 @@ class TuneHook:
             combination adds it after every other winner, and its ``prepare`` runs again over that combination.
         loop: a step hook's training loop for ``apply.py`` (replaces the plain loop there; ``{receipt}`` is its
             receipt line, plus the receipt's fields).
+        tasks: the workloads the hook builds and checks (``"classification"``, ``"detection"``); tune skips it
+            on others, saying so.
     """
 
     changes: Changes
@@ -211,6 +214,7 @@ class TuneHook:
     variant: str = ""
     last: bool = False
     loop: str = ""
+    tasks: tuple[str, ...] = ("classification",)
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

@@ -262,13 +262,17 @@ def inconsistencies(
 def memory_facts(runner: Runner, *, peak: bool = True) -> dict[str, Any]:
     """Bytes of parameters, gradients, optimizer state, saved activations and the measured peak of one step."""
     model = runner.model
-    x, y = runner.w.example_batch()
-    xd, yd = runner.prepare(x), y.to(runner.w.device)
+    if runner.w.task == "detection":  # a batch as the loader gives it: images and their boxes
+        from pytorchtricks.tune.runner import stage_batches
+
+        x, y = stage_batches(runner.w, 2)[0]
+    else:
+        x, y = runner.w.example_batch()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     out: dict[str, Any] = {"params_bytes": params}
     if runner.train:
         with SavedTensorMeter() as meter:
-            _, loss = runner.loss_of(xd, yd)
+            _, loss = runner.loss_on(x, y)
         loss.backward()
         out["activations_bytes"] = meter.saved_bytes
         out["grads_bytes"] = sum(
@@ -370,10 +374,15 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
             )
         model = runner.model
-        example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
         bias_pairs, n_pairs = conv_bn_pairs(w.model_factory())
         has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
+        if w.task == "detection":  # a list of images in, a dict of losses out: linted as the doctor does
+            example: Any = None
+            lint_found: list[Finding] = []
+            lint_note: str | None = "ptt lint not run in tune on a detector (ptt doctor run lints it)"
+        else:
+            example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
+            lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
     finally:
         runner.close()  # the loader's workers end here: compute alone is timed with none of ours running
     compute_alone_s, alone_use = _alone(w, steps, notes)
@@ -408,7 +417,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         notes.append(lint_note)
     from pytorchtricks.analysis.memory import memory_breakdown as breakdown
 
-    if w.for_ == "train" and w.device_step_s is None:
+    if w.for_ == "train" and w.device_step_s is None and w.task == "classification":
         try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -501,9 +510,12 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 source="tune",
             )
         )
-    stages = data_stages(w)
+    stages = data_stages(w) if w.task == "classification" else {}
     compute_s = max(step_s - split.get("data wait", 0.0), 1e-4)
-    doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
+    if w.task == "classification":
+        doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
+    else:
+        doctor, why = None, "it reads classification folders; the detection loaders are measured below"
     if doctor is None:
         notes.append(f"data doctor not run: {why}")
     elif doctor["verdict"].startswith("input-bound"):

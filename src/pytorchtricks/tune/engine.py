@@ -704,7 +704,8 @@ def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> N
             "skipped": "the step is declared (--device-step-ms): there is no step of this machine's to check"
         }
         return
-    req = request(res.workload, torch.get_num_threads())
+    builtin = str(res.workload.get("data", "")).startswith("built-in")
+    req = request(res.workload, torch.get_num_threads(), data=None if builtin else w.source)
     if req is None:
         res.self_check = {
             "skipped": "the model is an object of the user's process: a fresh one cannot rebuild it"
@@ -771,6 +772,7 @@ def describe(w: Workload) -> dict[str, Any]:
         "for": w.for_,
         "device": str(w.device),
         "num_outputs": w.num_outputs,
+        "task": w.task,
         # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
         "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),
@@ -805,6 +807,7 @@ class TuneConfig:
     optimizer: tuple[str, dict[str, Any]] | None = None
     script: dict[str, Any] | None = None
     device_step_ms: float | None = None
+    task: str = "classification"  # or "detection": a torchvision detector on a COCO / YOLO / VOC root
 
 
 def tune_model(
@@ -839,8 +842,8 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     num_workers, goal, for_, time_budget_s, device, out = (
         cfg.num_workers, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.device, cfg.out,
     )  # fmt: skip
-    memory_budget, optimizer, script, device_step_ms = (
-        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms,
+    memory_budget, optimizer, script, device_step_ms, task = (
+        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms, cfg.task,
     )  # fmt: skip
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
@@ -869,6 +872,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
         num_workers=num_workers, for_=for_, device=device, optimizer=optimizer, device_step_ms=device_step_ms,
+        task=task,
     )  # fmt: skip
     if auto_note:
         w.notes.append(auto_note)
@@ -879,7 +883,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     res.workload["rebuild"] = {
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
-        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms,
+        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms, "task": w.task,
     }  # fmt: skip
     if script is not None:
         res.workload["script"] = script

@@ -300,6 +300,7 @@ def facts_of(
         verdict=diag.verdict,
         loader_can_help=diag.loader_can_help,
         declared_step_s=w.device_step_s,
+        task=w.task,
         data_wait_share=diag.input_share,
         data_kind=w.data_kind,
         data_bytes=data_bytes,

@@ -23,7 +23,7 @@ from typing import Any
 AGREE_WITHIN = 1.5
 
 
-def request(workload: dict[str, Any], threads: int) -> dict[str, Any] | None:
+def request(workload: dict[str, Any], threads: int, data: str | None = None) -> dict[str, Any] | None:
     """What the fresh process needs to rebuild the step, from the receipt's workload (None: it cannot be
     rebuilt - a captured model object lives only in the user's process)."""
     model = workload.get("model")
@@ -37,6 +37,10 @@ def request(workload: dict[str, Any], threads: int) -> dict[str, Any] | None:
         "device": workload["device"],
         "optimizer": workload.get("optimizer"),
         "threads": threads,
+        "task": workload.get("task", "classification"),
+        # a detector's step needs its images and boxes (the same data, read again); a classifier's arithmetic does
+        # not depend on the pixels, so synthetic batches of the same shape serve
+        "data": data if workload.get("task") == "detection" else "synthetic",
     }
 
 
@@ -80,10 +84,12 @@ def _main(argv: list[str]) -> int:
     req = json.loads(argv[0])
     torch.set_num_threads(int(req["threads"]))
     opt = req.get("optimizer")
+    detect = req.get("task") == "detection"
     w = build_workload(
-        req["model"], "synthetic", batch_size=int(req["batch_size"]),
-        input_shape=tuple(req["input_shape"]), num_workers=0, for_=req["for"], device=req["device"],
-        optimizer=(opt[0], opt[1]) if opt else None,
+        req["model"], req.get("data", "synthetic"), batch_size=int(req["batch_size"]),
+        input_shape=None if detect else tuple(req["input_shape"]),
+        input_size=int(req["input_shape"][1]) if detect else None, num_workers=0, for_=req["for"],
+        device=req["device"], optimizer=(opt[0], opt[1]) if opt else None, task=req.get("task", "classification"),
     )  # fmt: skip
     r = Runner(w, (), batches=stage_batches(w, 2))
     try:

@@ -53,6 +53,9 @@ TUNE = TuneHook(
     applies=_tune_applies,
     order=105,
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+    # on a detection workload tune builds ptt.make_detection_loader in its place (the decode at the training size,
+    # boxes that follow): the same idea, the detection geometry
+    tasks=("classification", "detection"),
 )
 
 Batch = tuple[torch.Tensor, torch.Tensor]
