@@ -46,7 +46,7 @@ def raw_link(cpu: str, rel: Path) -> str:
 
 
 def _envs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    envs = [r["env"] for r in rows if isinstance(r.get("env"), dict)]
+    envs = [r.get("env") or r["environment"] for r in rows if isinstance(r.get("env") or r.get("environment"), dict)]
     for r in rows:  # tune receipts keep the env inside the measured rows too
         m = r.get("measured")
         if isinstance(m, dict) and isinstance(m.get("env"), dict):
