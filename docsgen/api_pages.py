@@ -18,7 +18,11 @@ PAGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("model-tricks", "Model tricks", ("pytorchtricks.tricks.model", "pytorchtricks.infer")),
     ("runtime-tricks", "Runtime switches", ("pytorchtricks.tricks.runtime",)),
     ("shards", "Shards and packs", ("pytorchtricks.shards",)),
-    ("analysis", "Analysis, doctors and tune", ("pytorchtricks.analysis", "pytorchtricks.safety", "pytorchtricks.tune")),
+    (
+        "analysis",
+        "Analysis, doctors and tune",
+        ("pytorchtricks.analysis", "pytorchtricks.safety", "pytorchtricks.tune"),
+    ),
     ("core", "Core: errors, catalogue, measuring", ("pytorchtricks",)),
 )
 
@@ -73,7 +77,9 @@ def pages() -> dict[str, str]:
     for name, module in sorted(pytorchtricks._EXPORTS.items(), key=lambda kv: kv[0].lower()):
         slug = api_page_of(module)
         anchor = module if name not in members[module] else f"{module}.{name}"
-        index.append(f"| [`ptt.{name}`]({slug}.md#{anchor}) | `{module}` | {dict((s, t) for s, t, _ in PAGES)[slug]} |")
+        index.append(
+            f"| [`ptt.{name}`]({slug}.md#{anchor}) | `{module}` | {dict((s, t) for s, t, _ in PAGES)[slug]} |"
+        )
     out["api/index.md"] = "\n".join(index) + "\n"
     for slug, title, _prefixes in PAGES:
         lines = [f"# {title}", ""]

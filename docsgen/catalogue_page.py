@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pytorchtricks import catalogue
-from pytorchtricks.catalogue import CARD_SECTIONS, Trick, parse_card
-
 from docsgen import escape_md
 from docsgen.api_pages import api_page_of
+from pytorchtricks import catalogue
+from pytorchtricks.catalogue import CARD_SECTIONS, Trick, parse_card
 
 WHERE_TITLES = {
     "data": "Data: what touches samples",

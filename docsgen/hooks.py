@@ -26,7 +26,10 @@ REFERENCE = ("shard-formats.md", "reliability.md", "architecture.md")
 def guides(docs: Path = DOCS) -> list[str]:
     """Every guide under docs/guides/, the journeys first."""
     found = sorted(p.name for p in (docs / "guides").glob("*.md"))
-    return [f"guides/{n}" for n in (*[j for j in JOURNEYS if j in found], *[n for n in found if n not in JOURNEYS])]
+    return [
+        f"guides/{n}"
+        for n in (*[j for j in JOURNEYS if j in found], *[n for n in found if n not in JOURNEYS])
+    ]
 
 
 def generated_pages() -> dict[str, str]:

@@ -46,7 +46,11 @@ def raw_link(cpu: str, rel: Path) -> str:
 
 
 def _envs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    envs = [r.get("env") or r["environment"] for r in rows if isinstance(r.get("env") or r.get("environment"), dict)]
+    envs = [
+        r.get("env") or r["environment"]
+        for r in rows
+        if isinstance(r.get("env") or r.get("environment"), dict)
+    ]
     for r in rows:  # tune receipts keep the env inside the measured rows too
         m = r.get("measured")
         if isinstance(m, dict) and isinstance(m.get("env"), dict):
@@ -67,7 +71,10 @@ def environment(rows: list[dict[str, Any]]) -> list[str]:
     """The environment the rows record, as a Markdown table (or the sentence saying there is none)."""
     envs = _envs(rows)
     if not envs:
-        return ["*These rows record no environment of their own: the folder's README says where they ran.*", ""]
+        return [
+            "*These rows record no environment of their own: the folder's README says where they ran.*",
+            "",
+        ]
     times = sorted(str(e["time_utc"]) for e in envs if e.get("time_utc"))
     fields = [
         ("CPU", _join([e.get("cpu") or e.get("device_name") for e in envs])),
@@ -80,7 +87,10 @@ def environment(rows: list[dict[str, Any]]) -> list[str]:
         ("torch", _join([e.get("torch") for e in envs])),
         ("python", _join([e.get("python") for e in envs])),
         ("git", _join([e.get("git_sha") for e in envs])),
-        ("time (UTC)", (times[0] if times[0] == times[-1] else f"{times[0]} to {times[-1]}") if times else "-"),
+        (
+            "time (UTC)",
+            (times[0] if times[0] == times[-1] else f"{times[0]} to {times[-1]}") if times else "-",
+        ),
         ("command", _join([f"`{e['command']}`" for e in envs if e.get("command")])),
     ]
     out = ["| environment | |", "|---|---|"]
@@ -111,20 +121,33 @@ def _tune_table(rows: list[dict[str, Any]]) -> list[str]:
     summary = [r for r in rows if r.get("kind") == "tune-summary"]
     diag = [r for r in rows if r.get("kind") == "tune-diagnosis"]
     for d in diag:
-        out.append(f"Diagnosis: **{d.get('verdict')}** (input share {_fmt(d.get('input_share'))}, step {_fmt(d.get('step_s'))} s).")
+        out.append(
+            f"Diagnosis: **{d.get('verdict')}** (input share {_fmt(d.get('input_share'))}, step {_fmt(d.get('step_s'))} s)."
+        )
     for s in summary:
         rec = ", ".join(s.get("recommended") or []) or "nothing"
         out.append(f"Recommended: **{rec}**; combined {_ratio(s.get('combined'))}.")
     out += ["", "| candidate | status | speed vs baseline (IQR) | reason |", "|---|---|---|---|"]
     for r in rows:
         if r.get("kind") == "tune-candidate":
-            out.append(f"| `{r['name']}` | {r.get('status')} | {_ratio(r.get('measured'))} | {_fmt(r.get('reason'))} |")
+            out.append(
+                f"| `{r['name']}` | {r.get('status')} | {_ratio(r.get('measured'))} | {_fmt(r.get('reason'))} |"
+            )
     points = [r for r in rows if r.get("kind") == "tune-memory-point"]
     if points:
-        out += ["", "| configuration | predicted MiB | measured peak MiB | fits | status |", "|---|---|---|---|---|"]
+        out += [
+            "",
+            "| configuration | predicted MiB | measured peak MiB | fits | status |",
+            "|---|---|---|---|---|",
+        ]
         for r in points:
-            mib = [None if b is None else f"{b / 2**20:.0f}" for b in (r.get("predicted_bytes"), r.get("peak_bytes"))]
-            out.append(f"| `{r.get('label')}` | {_fmt(mib[0])} | {_fmt(mib[1])} | {_fmt(r.get('fits'))} | {_fmt(r.get('status'))} |")
+            mib = [
+                None if b is None else f"{b / 2**20:.0f}"
+                for b in (r.get("predicted_bytes"), r.get("peak_bytes"))
+            ]
+            out.append(
+                f"| `{r.get('label')}` | {_fmt(mib[0])} | {_fmt(mib[1])} | {_fmt(r.get('fits'))} | {_fmt(r.get('status'))} |"
+            )
     verify = [r for r in rows if r.get("kind") == "tune-verify"]
     if verify:
         out += ["", "| verify run | speed (IQR) | images/s |", "|---|---|---|"]
@@ -217,7 +240,10 @@ def render(cpu: str, root: Path = RESULTS) -> str:
         for p in top:
             lines += jsonl_section(cpu, p, root)
     for folder in sorted({p.parent for p in jsonl} - {base}):
-        lines += [f"## {folder.relative_to(base).as_posix()}/ {{#{anchor(folder.relative_to(base))}-folder}}", ""]
+        lines += [
+            f"## {folder.relative_to(base).as_posix()}/ {{#{anchor(folder.relative_to(base))}-folder}}",
+            "",
+        ]
         readme = folder / "README.md"
         if readme.exists():
             lines += [_demote(readme.read_text(encoding="utf-8").strip(), 2), ""]
@@ -233,7 +259,12 @@ def render(cpu: str, root: Path = RESULTS) -> str:
 
 def index(root: Path = RESULTS) -> str:
     """``results/index.md``: the classes, from results/README.md's own text, and links to each page."""
-    lines = ["# Results", "", "Measured results, one page per CPU class. Generated from `results/` at build time.", ""]
+    lines = [
+        "# Results",
+        "",
+        "Measured results, one page per CPU class. Generated from `results/` at build time.",
+        "",
+    ]
     for cpu in cpu_classes(root):
         n = len(list((root / cpu).rglob("*.jsonl")))
         lines.append(f"- [`{cpu}`]({cpu}.md): {CLASS_NOTES.get(cpu, '')} {n} JSONL files.")
