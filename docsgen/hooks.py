@@ -6,6 +6,8 @@ the three journeys first, the other guides after them by file name.
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,48 @@ def nav() -> list[Any]:
         {"Reference": ["catalogue.md", "cli.md", {"API": api}, *REFERENCE]},
         {"Results": results},
     ]
+
+
+_INCLUDE = re.compile(r'^<!-- include (\S+) "([^"]+)" -->$', re.M)
+
+
+def include_section(path: str, heading: str) -> str:
+    """The section of a repository file that starts at ``heading``, up to the next heading of its level.
+
+    A page says ``<!-- include CONTRIBUTING.md "## The floors: nothing imports upward" -->`` to show that section
+    without a second copy; a heading that is gone fails the build.
+    """
+    text = (_ROOT / path).read_text(encoding="utf-8")
+    level = heading.split(" ", 1)[0]
+    lines = text.splitlines()
+    if heading not in lines:
+        raise ValueError(f"{path} has no line {heading!r}: fix the include in the page that names it")
+    start = lines.index(heading) + 1
+    end = next(
+        (i for i in range(start, len(lines)) if re.match(rf"^#{{1,{len(level)}}} ", lines[i])),
+        len(lines),
+    )
+    return "\n".join(lines[start:end]).strip()
+
+
+_TEST_TABLE = re.compile(r"^<!-- test-table (\S+) -->$", re.M)
+
+
+def test_table(folder: str) -> str:
+    """A table of the ``test_*.py`` files of ``folder`` with the first line of each one's module docstring."""
+    rows = ["| tests | what they prove |", "|---|---|"]
+    for path in sorted((_ROOT / folder).glob("test_*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        summary = doc.strip().split("\n\n")[0].replace("\n", " ").replace("|", "/")
+        rows.append(f"| `{folder}/{path.name}` | {summary} |")
+    if len(rows) == 2:
+        raise ValueError(f"{folder} holds no test_*.py: fix the test-table in the page that names it")
+    return "\n".join(rows)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    markdown = _INCLUDE.sub(lambda m: include_section(m.group(1), m.group(2)), markdown)
+    return _TEST_TABLE.sub(lambda m: test_table(m.group(1)), markdown)
 
 
 def on_config(config: Any) -> Any:
