@@ -58,13 +58,13 @@ def render() -> str:
         "second copy to keep in step. The same table: `ptt list` (or `ptt list --markdown`); one card: "
         "`ptt show NAME`.",
         "",
-        "| trick | where | gains | phase | exact | needs | what it does |",
-        "|---|---|---|---|---|---|---|",
+        "| trick | where | gains | exact | what it does |",
+        "|---|---|---|---|---|",
     ]
     for t in tricks:
         lines.append(
-            f"| [`{t.name}`](#{t.name}) | {t.where} | {', '.join(t.info.gains)} | {', '.join(t.info.phase)} | "
-            f"{'yes' if t.info.exact else 'no'} | {', '.join(t.info.needs) or '-'} | {escape_md(t.summary)} |"
+            f"| [`{t.name}`](#{t.name}) | {t.where} | {', '.join(t.info.gains)} | "
+            f"{'yes' if t.info.exact else 'no'} | {escape_md(t.summary)} |"
         )
     lines.append("")
     for where in catalogue.WHERE:

@@ -225,7 +225,7 @@ def render(cpu: str, root: Path = RESULTS) -> str:
         "| file | rows | when (UTC) | git |",
         "|---|---|---|---|",
     ]
-    for p in jsonl:
+    for p in sorted(jsonl, key=lambda q: (q.parent != base, q)):  # the class's own files first, then folders
         rows = read_rows(p)
         envs = _envs(rows)
         times = sorted(str(e.get("time_utc", ""))[:16] for e in envs if e.get("time_utc"))
