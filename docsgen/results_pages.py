@@ -190,16 +190,22 @@ def jsonl_section(cpu: str, path: Path, root: Path = RESULTS) -> list[str]:
 
 
 def _other_section(cpu: str, path: Path, root: Path = RESULTS) -> list[str]:
+    """A command's output (.txt) or a receipt (.json): its environment (a receipt's own, or the receipt beside an
+    output), and the output itself, folded."""
     rel = path.relative_to(root / cpu)
     out = [f"### {rel.as_posix()} {{#{anchor(Path(rel.as_posix().replace('.', '-')))}}}", ""]
-    out.append(f"[`{rel.as_posix()}`]({raw_link(cpu, rel)})")
-    out.append("")
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        rows = [data] if isinstance(data, dict) else []
-        out += environment(rows)
-    else:
-        out += ['??? note "the file"', "", "    ```text"]
+    out += [f"[`{rel.as_posix()}`]({raw_link(cpu, rel)})", ""]
+    receipt = path if path.suffix == ".json" else path.with_suffix(".json")
+    data = json.loads(receipt.read_text(encoding="utf-8")) if receipt.exists() else None
+    if isinstance(data, dict) and _envs([data]):
+        out += environment([data])
+    elif path.suffix == ".txt":
+        out += [
+            "*This output records no environment of its own: the guide that cites it says where it ran.*",
+            "",
+        ]
+    if path.suffix == ".txt":
+        out += ['??? note "the output"', "", "    ```text"]
         out += ["    " + line for line in path.read_text(encoding="utf-8").rstrip().splitlines()]
         out += ["    ```", ""]
     return out
