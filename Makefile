@@ -23,6 +23,7 @@ help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
 	@echo "make test   - create .venv, install, lint, type-check and run the whole test suite"
 	@echo "make bench  - run every trick's bench case at full size, results under bench-results/"
+	@echo "make docs   - build the documentation site into site/ (strict, offline); make docs-serve to read it"
 
 $(VENV)/.installed: pyproject.toml $(wildcard $(CONSTRAINTS))
 	test -x $(PY) || python3 -m venv $(VENV)
