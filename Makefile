@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard $(CONSTRAINTS))
 	$(PIP) install -q -e ".[$(EXTRAS)]" $(TORCH_PINS) $(PIP_C)
 	touch $@
 
-# Record the installed set as the constraints file (run after a green `make test`; see README "Installs").
+# Record the installed set as the constraints file (run after a green `make test`; see CONTRIBUTING.md "Installs").
 lock: setup
 	{ echo "# The exact versions the suite was last green with: written by 'make lock', read by 'make setup'."; \
 	  echo "# $$($(PY) -c 'import platform; print(platform.python_version(), platform.machine())')"; \
@@ -201,7 +201,7 @@ lint-examples: setup
 	for m in resnet50 mobilenet_v3_small shufflenet_v2_x1_0; do \
 	  $(PTT) lint torchvision:$$m --input-shape 1,3,224,224 > results/lint-$$m.txt; done
 
-# Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the README shows.
+# Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the tune guide shows.
 TUNE_OUT ?= tune-out
 screenshot: setup system-deps
 	test -f $(TUNE_OUT)/report.html || $(MAKE) demo
