@@ -216,6 +216,7 @@ def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, A
     from pytorchtricks.tune.datacheck import DataCheck, psnr_db
 
     sub = torch.utils.data.Subset(dataset, list(range(min(n, len(dataset)))))
+    want = {int(sub[i][1]["image_id"]): i for i in range(len(sub))}  # batches come grouped by aspect ratio
     ld = our_loader(sub, 4, min_size, max_size, {"num_workers": 0}, seed=0, train=False)
     seen: list[int] = []
     worst = float("inf")
@@ -230,11 +231,10 @@ def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, A
                     "data: detection", False, f"image {t['image_id']}: a box outside its {w}x{h} image"
                 )
             if len(seen) <= 4:
-                raw, _ = sub[len(seen) - 1]
+                raw, _ = sub[want[int(t["image_id"])]]
                 ref = T.PILToTensor()(Image.open(io.BytesIO(raw)).convert("RGB"))
                 ref = T.functional.resize(ref, [h, w], antialias=True)
                 worst = min(worst, psnr_db(b.images[k, :, :h, :w].float(), ref.float()))
-    want = [int(sub[i][1]["image_id"]) for i in range(len(sub))]
     if sorted(seen) != sorted(want):
         return DataCheck(
             "data: detection", False, f"an epoch gave {len(seen)} images for {len(want)}, not each once"

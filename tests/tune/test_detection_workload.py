@@ -1,0 +1,92 @@
+"""`ptt tune --task detection`: a torchvision detector on a COCO root of real photos - built offline, stepped on its
+loss dict through the reference's pipeline and ours, our loader checked before it is timed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from pytorchtricks.core import PttError
+from pytorchtricks.tunable import TuneFacts
+from pytorchtricks.tune.candidates import check, why_not
+from pytorchtricks.tune.hooks import by_name
+from pytorchtricks.tune.runner import Runner
+from pytorchtricks.tune.workload import build_workload
+
+DETECTOR = "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn"
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    """A COCO root of 8 real photos (Debian wallpapers downscaled to ~200-300 px, landscape and portrait) with
+    1-3 boxes each."""
+    from PIL import Image
+
+    from pytorchtricks.shards.photoset import wallpaper_sources
+
+    src = wallpaper_sources()
+    if len(src) < 3:
+        pytest.skip("Debian wallpaper packages not installed (make system-deps)")
+    root = tmp_path_factory.mktemp("coco")
+    (root / "train").mkdir()
+    (root / "annotations").mkdir()
+    images, anns = [], []
+    for i in range(8):
+        im = Image.open(src[i % len(src)][1]).convert("RGB")
+        im.thumbnail((300, 300) if i % 3 else (200, 300))
+        w, h = im.size
+        im.save(root / "train" / f"{i}.jpg", quality=90)
+        images.append({"id": i, "file_name": f"{i}.jpg", "width": w, "height": h})
+        for k in range(1 + i % 3):
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": 1 + k % 2, "iscrowd": 0,
+                         "bbox": [5 + 30 * k, 8 + 20 * k, w / 4, h / 4], "area": w * h / 16})  # fmt: skip
+    cats = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    doc = {"images": images, "annotations": anns, "categories": cats}
+    (root / "annotations" / "instances_train.json").write_text(json.dumps(doc))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def workload(coco):
+    return build_workload(DETECTOR, coco, batch_size=2, input_size=96, num_workers=0, task="detection")
+
+
+def test_a_detection_workload_is_built_offline_from_a_coco_root(workload, coco):
+    w = workload
+    assert w.task == "detection" and w.input_size == 96 and w.max_size and len(w.dataset) == 8
+    assert w.num_outputs == 3  # categories 1, 2 and the background
+    m = w.model_factory()
+    assert type(m).__name__ == "FasterRCNN" and m.transform.min_size == (96,)
+    with pytest.raises(PttError, match="not a detection root"):
+        build_workload(DETECTOR, str(coco) + "/train", task="detection")
+    with pytest.raises(PttError, match="GeneralizedRCNNTransform"):
+        build_workload("torchvision:resnet18", coco, task="detection")
+
+
+@pytest.mark.parametrize("tricks", [(), ("make_loader",)])
+def test_the_step_is_the_detectors_loss_dict_through_either_loader(workload, tricks):
+    r = Runner(workload, tricks)
+    try:
+        loss = r.step()
+        assert loss.ndim == 0 and math.isfinite(loss.item()) and loss.item() > 0
+        xb, yb = r.next_batch()
+        outs, total = r.loss_on(xb, yb)  # the loss dict as a vector (what a correctness check compares)
+        assert outs.shape == (4,) and torch.allclose(outs.sum(), total)
+    finally:
+        r.close()
+
+
+def test_our_detection_loader_is_checked_before_it_is_timed(workload):
+    c = check(workload, ("make_loader",))
+    assert c.passed, c.detail
+    assert "each once" in c.detail and "dB" in c.detail and c.metrics["psnr_db"] >= 30
+
+
+def test_tricks_that_serve_only_classification_are_skipped_with_the_reason():
+    facts = TuneFacts(verdict="input-bound", data_kind="files", task="detection", has_conv2d=True)
+    assert "not measured on detection" in (why_not(by_name("to_channels_last"), facts) or "")
+    assert "not measured on detection" in (why_not(by_name("cache_in_ram"), facts) or "")
+    assert why_not(by_name("make_loader"), facts) is None
