@@ -196,7 +196,8 @@ class TuneHook:
         loop: a step hook's training loop for ``apply.py`` (replaces the plain loop there; ``{receipt}`` is its
             receipt line, plus the receipt's fields).
         tasks: the workloads the hook builds and checks (``"classification"``, ``"detection"``); tune skips it
-            on others, saying so.
+            on others, saying so. ``detection_receipt``: its receipt line on a detection workload (default:
+            ``receipt``); it may name ``{max_size}``, the long side's cap.
     """
 
     changes: Changes
@@ -215,6 +216,7 @@ class TuneHook:
     last: bool = False
     loop: str = ""
     tasks: tuple[str, ...] = ("classification",)
+    detection_receipt: str = ""
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

@@ -90,3 +90,11 @@ def test_tricks_that_serve_only_classification_are_skipped_with_the_reason():
     assert "not measured on detection" in (why_not(by_name("to_channels_last"), facts) or "")
     assert "not measured on detection" in (why_not(by_name("cache_in_ram"), facts) or "")
     assert why_not(by_name("make_loader"), facts) is None
+
+
+def test_the_two_loaders_own_rates_are_measured_side_by_side(workload):
+    from pytorchtricks.tune.detection import loader_rates
+
+    rates = loader_rates(workload, batches=2)
+    assert len(rates) == 2 and any("reference" in k for k in rates) and "ptt.make_detection_loader" in rates
+    assert all(r["images_per_s"] > 0 and r["cpu_s_per_image"] > 0 for r in rates.values())

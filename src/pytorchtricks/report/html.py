@@ -285,6 +285,18 @@ def _diagnosis(p: dict[str, Any]) -> str:
     if mem.get("top_modules"):
         tops = "; ".join(_e(t) for t in mem["top_modules"])
         out.append(f"<p>Largest saved activations (ptt.memory_breakdown): {tops}</p>")
+    rates = d.get("loader_rates") or {}
+    if rates:
+        out.append(
+            "<p>The loaders alone (no step beside them, the user's workers):</p>"
+            + _table(
+                ["loader", "images/s", "CPU-s per image"],
+                [
+                    [_e(k), f"{v['images_per_s']:.1f}", f"{v['cpu_s_per_image']:.3f}"]
+                    for k, v in rates.items()
+                ],
+            )
+        )
     doc = d.get("data_doctor")
     if doc:
         stages = ", ".join(f"{_e(k)} {v:.1f} ms" for k, v in doc["stages_ms_per_batch"].items())

@@ -169,6 +169,10 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
         )
     elif sc:
         lines.append(f"self-check: {escape(str(sc.get('skipped') or sc.get('error')))}")
+    for name, r in (res.diagnosis.loader_rates if res.diagnosis else {}).items():
+        lines.append(
+            f"loader alone: {escape(name)}: {r['images_per_s']:.1f} images/s, {r['cpu_s_per_image']:.3f} CPU-s per image"
+        )
     if res.phase_s:
         lines.append("where the seconds went: " + ", ".join(f"{k} {v:.0f} s" for k, v in res.phase_s.items()))
     lines.append(

@@ -61,6 +61,8 @@ class Diagnosis:
     unreliable: list[str] = field(default_factory=list)
     remeasured: list[str] = field(default_factory=list)  # what was measured again, and why
     busy: str | None = None  # analysis.verdict.machine_busy while the diagnosis measured (None: quiet enough)
+    # detection: the reference pipeline's and our loader's own rates, each alone (tune.detection.loader_rates)
+    loader_rates: dict[str, dict[str, float]] = field(default_factory=dict)
     step_q1_s: float | None = None  # the spread of the whole step over the split's steps
     step_q3_s: float | None = None
 
@@ -511,11 +513,18 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
             )
         )
     stages = data_stages(w) if w.task == "classification" else {}
+    rates: dict[str, dict[str, float]] = {}
     compute_s = max(step_s - split.get("data wait", 0.0), 1e-4)
     if w.task == "classification":
         doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
     else:
         doctor, why = None, "it reads classification folders; the detection loaders are measured below"
+        from pytorchtricks.tune.detection import loader_rates
+
+        try:  # the two loaders' own rates, side by side (no step beside them)
+            rates = loader_rates(w)
+        except Exception as exc:  # the diagnosis goes on without them, saying why
+            notes.append(f"the detection loaders' own rates were not measured ({type(exc).__name__}: {exc})")
     if doctor is None:
         notes.append(f"data doctor not run: {why}")
     elif doctor["verdict"].startswith("input-bound"):
@@ -553,4 +562,5 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         bf16_native=native,
         notes=notes,
         data_doctor=doctor,
+        loader_rates=rates,
     )

@@ -773,6 +773,7 @@ def describe(w: Workload) -> dict[str, Any]:
         "device": str(w.device),
         "num_outputs": w.num_outputs,
         "task": w.task,
+        "max_size": w.max_size,  # detection: the long side's cap of the model's resize
         # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
         "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),

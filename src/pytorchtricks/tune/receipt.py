@@ -116,12 +116,17 @@ def _fields(p: dict[str, Any]) -> dict[str, Any]:
         "cache_side": max(size, round(size / 0.08**0.5)),
         "optimizer_args": args,
         "activation_budget": (p.get("memory") or {}).get("activation_budget_bytes"),
+        "max_size": wl.get("max_size"),
+        "task": wl.get("task", "classification"),
     }
 
 
 def _line(name: str, fields: dict[str, Any]) -> str:
     try:
-        return by_name(name).hook.receipt.format(**fields)
+        hook = by_name(name).hook
+        if fields.get("task") == "detection" and hook.detection_receipt:
+            return hook.detection_receipt.format(**fields)
+        return hook.receipt.format(**fields)
     except KeyError:  # a trick this build no longer has (an old receipt)
         return "(not in this build)"
 
