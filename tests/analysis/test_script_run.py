@@ -303,7 +303,8 @@ def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, 
     pytest.importorskip("pycocotools")
     script = str(SCRIPTS / "train_detection.py")
     cmd = [sys.executable, "-m", "pytorchtricks.cli", "doctor", "run", "--steps", "2", "--warmup", "1", "--out",
-           str(tmp_path / "out"), "--", "python", script, coco_root, "--steps", "3"]  # fmt: skip
+           str(tmp_path / "out"), "--tune", "--time-budget", "25", "--device-step-ms", "60", "--tune-out",
+           str(tmp_path / "tune"), "--", "python", script, coco_root, "--steps", "3"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -317,3 +318,8 @@ def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, 
     summary = rows[-1]
     assert summary["loaders"][0]["task"] == "detection" and summary["model"]["task"] == "detection"
     assert len(summary["input_list"]) == 2 and all(len(s) == 3 for s in summary["input_list"])
+    # --tune ran the detection workload on the script's own detector, its CocoDetection's annotations and images
+    assert "tune on the script's objects: FasterRCNN" in out and "detection" in out
+    run = json.loads(Path(tmp_path / "tune" / "results.jsonl").read_text().splitlines()[0])
+    assert run["workload"]["task"] == "detection" and run["workload"]["model"] == "captured FasterRCNN"
+    assert run["workload"]["device_step_ms"] == 60 and "6 images" in run["workload"]["data"]

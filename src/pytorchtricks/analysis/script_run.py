@@ -177,6 +177,8 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
     keep = ("lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "dampening", "alpha")
     hp = {k: v for k, v in opt.defaults.items() if k in keep and v is not None}
     ds = r.captured.get("dataset")
+    if r.model.get("task") == "detection":
+        return _detection_arguments(r, model, (type(opt).__name__.lower(), hp), ds)
     root = getattr(ds, "root", None)
     data = os.path.abspath(root) if isinstance(root, str) and os.path.isdir(root) else "synthetic"
     loader = r.loaders[0] if r.loaders else {}
@@ -192,6 +194,57 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
         "batch_size": int(loader.get("batch_size") or r.input_shape[0]),
         "input_shape": tuple(r.input_shape[1:]),
         "num_workers": int(loader.get("num_workers") or 0),
+    }
+
+
+def _detection_arguments(
+    r: RunReport, model: Any, optimizer: tuple[str, dict[str, Any]], ds: Any
+) -> dict[str, Any]:
+    """``tune_arguments`` of a detection script: its detector (a copy), its optimizer, and its CocoDetection's
+    annotations and image folder as a COCO root tune reads (the annotations, as the script loaded them, written
+    once under tune's cache with the image paths pointing into the script's folder)."""
+    import copy
+    import hashlib
+    import json
+
+    from pytorchtricks.analysis.step_split import inner_dataset
+    from pytorchtricks.tune.workload import cache_root
+
+    inner, _ = inner_dataset(ds)
+    coco, root = getattr(inner, "coco", None), getattr(inner, "root", None)
+    if coco is None or not isinstance(root, str) or not os.path.isdir(root):
+        raise PttError(
+            f"--tune on a detection script reads its torchvision CocoDetection (annotations + image folder); this "
+            f"script's dataset is {type(inner).__name__}. Run `ptt tune --task detection --data ROOT --model "
+            "torchvision:NAME` on your COCO / YOLO / VOC root instead."
+        )
+    doc = dict(coco.dataset)
+    doc["images"] = [
+        {**im, "file_name": os.path.join(os.path.abspath(root), im["file_name"])} for im in doc["images"]
+    ]
+    text = json.dumps(doc, sort_keys=True)
+    folder = os.path.join(cache_root(), f"doctor-coco-{hashlib.sha256(text.encode()).hexdigest()[:16]}")
+    ann = os.path.join(folder, "annotations.json")
+    if not os.path.exists(ann):
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{ann}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, ann)
+    loader = r.loaders[0] if r.loaders else {}
+    script = {
+        "file": r.script, "sites": r.sites, "via": loader.get("via"), "root": root,
+        "transform": loader.get("transform_settings") or {}, "loader_workers": loader.get("num_workers"),
+    }  # fmt: skip
+    return {
+        "model": copy.deepcopy(model).cpu(),
+        "script": script,
+        "optimizer": optimizer,
+        "data": ann,
+        "batch_size": int(loader.get("batch_size") or r.input_shape[0]),
+        "input_shape": None,
+        "num_workers": int(loader.get("num_workers") or 0),
+        "task": "detection",
     }
 
 

@@ -48,6 +48,14 @@ def _add_doctor(sub: Any) -> None:
         help="then run ptt tune on the script's own model, optimizer (its hyper-parameters kept) and data folder",
     )
     rn.add_argument("--time-budget", type=float, default=None, help="seconds for the tune run (default: 175)")
+    rn.add_argument(
+        "--device-step-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="with --tune: your accelerator's step in milliseconds; the loaders are projected for it (ptt tune "
+        "--device-step-ms)",
+    )
     rn.add_argument("--tune-out", default="tune-out", help="the tune receipt's folder (default: %(default)s)")
     rn.add_argument(
         "--compare",
@@ -144,14 +152,16 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     kw = tune_arguments(r)
     console.print(
         f"tune on the script's objects: {r.model['class']}, {kw['optimizer'][0]} {kw['optimizer'][1]}, data "
-        f"{kw['data']}, batch {kw['batch_size']}, input {'x'.join(map(str, kw['input_shape']))}, "
-        f"{kw['num_workers']} workers",
+        f"{kw['data']}, batch {kw['batch_size']}, input "
+        f"{'x'.join(map(str, kw['input_shape'])) if kw['input_shape'] else 'images of any size'}, "
+        f"{kw['num_workers']} workers" + (", detection" if kw.get("task") == "detection" else ""),
         highlight=False,
     )
     res = tune_model(
         kw["model"], kw["data"], batch_size=kw["batch_size"], input_shape=kw["input_shape"],
         num_workers=kw["num_workers"], optimizer=kw["optimizer"], script=kw["script"], time_budget_s=args.time_budget,
-        out=args.tune_out, progress=RichProgress(console),
+        out=args.tune_out, progress=RichProgress(console), task=kw.get("task", "classification"),
+        device_step_ms=args.device_step_ms,
     )  # fmt: skip
     console.print(receipt_table(res))
     for line in summary_lines(res, args.tune_out):

@@ -107,13 +107,19 @@ def build_model(spec: str | None, num_classes: int, input_size: int | None) -> t
         model = load_model(spec, **kw)
     except PttError as exc:
         raise PttError(f"could not build the detector --model {spec!r}: {exc}") from exc
+    return (model, *model_sizes(model, spec))
+
+
+def model_sizes(model: Any, spec: str | None = None) -> tuple[int, int]:
+    """(shortest side, longest side) of a torchvision detector's own resize (its ``GeneralizedRCNNTransform``)."""
     t = getattr(model, "transform", None)
     if t is None or not hasattr(t, "min_size"):
         raise PttError(
             f"--task detection trains torchvision detectors (their forward takes images and targets and returns a "
-            f"dict of losses, e.g. {DEFAULT_DETECTOR}); {spec} has no GeneralizedRCNNTransform."
+            f"dict of losses, e.g. {DEFAULT_DETECTOR}); {spec or type(model).__name__} has no "
+            "GeneralizedRCNNTransform."
         )
-    return model, int(t.min_size[0]), int(t.max_size)
+    return int(t.min_size[0]), int(t.max_size)
 
 
 def loss_of(

@@ -268,6 +268,21 @@ def _script_lines(p: dict[str, Any], names: list[str], fields: dict[str, Any]) -
         }
         out.append(f"#     {verb.get(how, 'add')} ({', '.join(group)}):")
         code = [_line(n, fields) for n in group]
+        if kind == "loader" and fields.get("task") == "detection":
+            code = [c.replace("ptt.open_detection(ROOT)", "dataset") for c in code]
+            code.insert(
+                0,
+                f"dataset = ptt.open_detection('YOUR/instances_TRAIN.json', images={sc.get('root')!r})"
+                "  # the annotation file your CocoDetection reads",
+            )
+            code = [re.sub(r"^loader = ", f"{var.group(1)} = ", c) if var else c for c in code]
+            out += [f"#         {c}" for c in code]
+            out += [
+                "#     drop the batch sampler and the collate: make_detection_loader groups by aspect ratio itself",
+                "#     in the loop: images = [b.images[i, :, :h, :w].to(device).float().div_(255) for i, (h, w) in "
+                "enumerate(b.sizes.tolist())]; targets = b.targets",
+            ]
+            continue
         if kind == "loader":
             if sc.get("root"):
                 code.insert(

@@ -481,13 +481,16 @@ def _detection_workload(
 
     if for_ != "train":
         raise PttError("--task detection tunes training; for a detector's inference use ptt optimize.")
-    if isinstance(model, nn.Module):
-        raise PttError("--task detection builds the detector from --model torchvision:NAME (random weights).")
     dataset, desc, source = detection.open_data(data, cache_root())
     n_classes = max([0, *dataset.categories]) + 1  # category ids as labels, 0 the background
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        base, short, long = detection.build_model(model, n_classes, input_size)
+    if isinstance(model, nn.Module):  # a script's own detector (ptt doctor run --tune)
+        base, (short, long) = copy.deepcopy(model).cpu(), detection.model_sizes(model)
+        spec: str = f"captured {type(model).__name__}"
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            base, short, long = detection.build_model(model, n_classes, input_size)
+        spec = model or detection.DEFAULT_DETECTOR
     state = copy.deepcopy(base)
 
     def factory() -> nn.Module:
@@ -496,6 +499,6 @@ def _detection_workload(
     bs = batch_size or 4
     files = [dataset.path(i) for i in range(len(dataset))]
     return Workload(
-        model or detection.DEFAULT_DETECTOR, factory, dataset, desc, n_classes, bs, short, for_, dev, [],
+        spec, factory, dataset, desc, n_classes, bs, short, for_, dev, [],
         num_workers=num_workers, data_kind="files", source=source, files=files, task="detection", max_size=long,
     )  # fmt: skip
