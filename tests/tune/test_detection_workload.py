@@ -87,7 +87,7 @@ def test_our_detection_loader_is_checked_before_it_is_timed(workload):
 
 def test_tricks_that_serve_only_classification_are_skipped_with_the_reason():
     facts = TuneFacts(verdict="input-bound", data_kind="files", task="detection", has_conv2d=True)
-    assert "not measured on detection" in (why_not(by_name("to_channels_last"), facts) or "")
+    assert "not measured on detection" in (why_not(by_name("remove_conv_bias_before_bn"), facts) or "")
     assert "not measured on detection" in (why_not(by_name("cache_in_ram"), facts) or "")
     assert why_not(by_name("make_loader"), facts) is None
 
@@ -98,3 +98,17 @@ def test_the_two_loaders_own_rates_are_measured_side_by_side(workload):
     rates = loader_rates(workload, batches=2)
     assert len(rates) == 2 and any("reference" in k for k in rates) and "ptt.make_detection_loader" in rates
     assert all(r["images_per_s"] > 0 and r["cpu_s_per_image"] > 0 for r in rates.values())
+
+
+@pytest.mark.parametrize("trick", ["fast_optimizer", "mixed_precision"])
+def test_model_tricks_are_checked_on_the_detectors_loss_dict(workload, trick):
+    """The same random anchors on both sides (the detector samples them in its training forward): an exact trick
+    gives the same losses, gradients and update; bf16 stays within the loss-parity bound."""
+    from pytorchtricks.hardware import cpu_caps
+
+    if trick == "mixed_precision" and not cpu_caps().native_bf16:
+        pytest.skip("bf16 is emulated on this CPU: tune skips mixed precision here")
+    c = check(workload, (trick,))
+    assert c.passed, c.detail
+    if trick == "fast_optimizer":
+        assert c.metrics["out_rel"] == 0.0 and c.metrics["param_rel"] <= 1e-6

@@ -106,6 +106,24 @@ def _opt_step(r: Runner, loss: torch.Tensor | None = None) -> None:
     r.mp.step(r.optimizer) if r.mp is not None else r.optimizer.step()
 
 
+def _loss(r: Runner, x: Any, y: Any, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(outputs, loss) of ``r`` on the batch, with the random stream seeded: a detector samples anchors and
+    proposals at random in its training forward, and the two sides of a check must sample the same ones."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return r.loss_on(x, y)
+
+
+def _check_batch(w: Workload, samples: int) -> tuple[Any, Any]:
+    """The batch a model check runs on: the evaluation geometry's first samples, or (detection) the first batch
+    the user's pipeline reads."""
+    if w.task == "detection":
+        from pytorchtricks.tune.runner import stage_batches
+
+        return stage_batches(w, 1)[0]
+    return w.example_batch(min(w.batch_size, samples))
+
+
 def _exact(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> Check:
     base, trt = Runner(w, (), loader=False), Runner(w, tricks, loader=False)
     try:
@@ -116,8 +134,8 @@ def _exact(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tenso
                 "exact: outputs", rel <= EXACT_REL_TOL, f"max rel. output diff {rel:.1e}", {"out_rel": rel}
             )
         metrics: dict[str, float] = {}
-        out_b, loss_b = base.loss_of(base.prepare(x), y.to(w.device))
-        out_t, loss_t = trt.loss_of(trt.prepare(x), y.to(w.device))
+        out_b, loss_b = _loss(base, x, y, 0)
+        out_t, loss_t = _loss(trt, x, y, 0)
         metrics["out_rel"] = _rel(out_b, out_t)
         loss_b.backward()
         loss_t.backward()
@@ -198,10 +216,9 @@ def _approx(w: Workload, tricks: tuple[str, ...], x: torch.Tensor, y: torch.Tens
             return Check("approximate: SQNR of outputs", s >= MIN_SQNR_DB, f"SQNR {s:.1f} dB", {"sqnr_db": s})
         losses: dict[str, list[float]] = {"base": [], "trt": []}
         s = math.inf
-        yd = y.to(w.device)
         for i in range(PARITY_STEPS):
             for key, r in (("base", base), ("trt", trt)):
-                out, loss = r.loss_of(r.prepare(x), yd)
+                out, loss = _loss(r, x, y, i)
                 if key == "base":
                     ref = out.detach()
                 elif i == 0:
@@ -267,7 +284,7 @@ def check(w: Workload, tricks: tuple[str, ...], samples: int = 16) -> Check:
         if "data" in kinds and w.data_kind in ("files", "pack"):
             checks.append(_data(w, tuple(t for t in tricks if by_name(t).hook.check == "data")))
         if model:
-            x, y = w.example_batch(min(w.batch_size, samples))
+            x, y = _check_batch(w, samples)
             exact = all(by_name(t).exact for t in model)
             steps = any(by_name(t).hook.changes == "step" for t in model)
             checks.append(

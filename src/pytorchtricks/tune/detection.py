@@ -86,6 +86,12 @@ def open_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
             f"--data {data}: no such file or folder; give a COCO, YOLO or VOC root (or a COCO JSON)."
         )
     fmt = "coco" if os.path.isfile(data) else detection_layout(data)
+    beside = os.path.join(os.path.dirname(os.path.abspath(data)), "images")
+    if os.path.isfile(data) and os.path.isdir(
+        beside
+    ):  # ann.json with images/ beside it: the common small layout
+        ds = open_detection(data, format="coco", images=beside)
+        return ds, f"COCO {data} over {beside}: {len(ds)} images, {len(ds.categories)} categories", data
     if fmt is None:
         raise PttError(
             f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "

@@ -153,7 +153,7 @@ class Runner:
         setup = base_setup(w, model)
         for i, name in enumerate(self.tricks):  # in the hooks' order (with_requirements sorts by it)
             hook = by_name(name).hook
-            if setup.example is None and hook.changes in ("model", "step"):
+            if setup.example is None and hook.changes in ("model", "step") and w.task == "classification":
                 setup.example = self.prepare(w.example_batch(min(w.batch_size, 8))[0])
             hook.apply(setup, prepared(w, name, setup, self.tricks[:i]))
         self.setup = setup
@@ -351,9 +351,9 @@ class Runner:
             _, loss = detection.loss_of(self.forward, images, targets)
         with stage("backward"):
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            self.mp.backward(loss) if self.mp is not None else loss.backward()
         with stage("optimizer"):
-            self.optimizer.step()
+            self.mp.step(self.optimizer) if self.mp is not None else self.optimizer.step()
         return loss
 
     def loss_on(self, xb: Any, yb: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,7 +361,9 @@ class Runner:
         if self.w.task == "detection":
             from pytorchtricks.tune import detection
 
-            return detection.loss_of(self.forward, *detection.to_model_inputs(xb, yb, self.w.device))
+            with self.autocast():
+                out, loss = detection.loss_of(self.forward, *detection.to_model_inputs(xb, yb, self.w.device))
+            return out.float(), loss.float()
         return self.loss_of(self.prepare(xb), yb.to(self.w.device))
 
     def to_float64(self) -> None:

@@ -41,6 +41,7 @@ TUNE = TuneHook(
     receipt="optimizer = ptt.fast_optimizer(model.parameters(), {optimizer_args})  # fused/foreach, same update",
     apply=_tune_apply,
     order=50,
+    tasks=("classification", "detection"),  # a detector's step too (its loss dict, checked the same way)
 )
 
 _OPTIMIZERS: dict[str, str] = {

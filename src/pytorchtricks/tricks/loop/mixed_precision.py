@@ -50,6 +50,7 @@ TUNE = TuneHook(
     applies=_tune_applies,
     order=60,
     bound="loss within 5% of fp32 over 3 steps, outputs >= 20 dB SQNR",
+    tasks=("classification", "detection"),  # a detector's step too (its loss dict, checked the same way)
 )
 
 _DTYPES = {

@@ -47,6 +47,7 @@ TUNE = TuneHook(
     apply=_tune_apply,
     applies=_tune_applies,
     order=30,
+    tasks=("classification", "detection"),  # a detector's step too (its loss dict, checked the same way)
 )
 
 
