@@ -394,7 +394,15 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
 
     q1, _, q3 = quantiles(per)
     problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split))
-    if problems:  # measured once more, with twice the steps, before anything is concluded from them
+    again_s = (2 * steps + 1) * step_s + (steps + 1) * (
+        compute_alone_s or step_s
+    )  # what measuring again costs
+    if problems and again_s > budget_s:
+        remeasured.append(
+            f"not measured again: it would take ~{again_s:.0f} s of the {budget_s:.0f} s the diagnosis has "
+            f"({'; '.join(problems)})"
+        )
+    elif problems:  # measured once more, with twice the steps, before anything is concluded from them
         remeasured.append("; ".join(problems))
         runner = Runner(w, ())
         try:

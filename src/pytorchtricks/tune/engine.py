@@ -717,10 +717,20 @@ def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> N
             "skipped": "the model is an object of the user's process: a fresh one cannot rebuild it"
         }
         return
+    step = diag.compute_alone_s or diag.step_s
+    # a fresh interpreter imports torch and builds the model (~5-10 s), then one warm-up and the timed steps
+    steps = max(1, min(5, int(0.5 * _self_check_reserve_s(res.budget_s) / max(step, 1e-6))))
+    need = 10.0 + (1 + steps) * step
+    if need > dl.remaining_s + _self_check_reserve_s(res.budget_s):
+        res.self_check = {
+            "skipped": f"a fresh process needs ~{need:.0f} s for a {step:.1f} s step, more than the "
+            f"{max(0.0, dl.remaining_s):.0f} s left (raise --time-budget)"
+        }
+        return
+    req["steps"] = steps
     prog.phase("self-check: the compute step in a fresh process", None)
     with _metered(res, "self-check"):
-        # a fresh interpreter imports torch and builds the model first: seconds, more on a busy machine
-        fresh = run_fresh(req, timeout_s=max(90.0, 20 * (diag.compute_alone_s or diag.step_s)))
+        fresh = run_fresh(req, timeout_s=max(90.0, 3 * need))
     res.self_check = compare_figures(diag.compute_alone_s, fresh)
 
 
