@@ -55,8 +55,8 @@ def _conv_shapes(
 def conv_chain(model: nn.Module, x: torch.Tensor, blocked: bool) -> tuple[Any, list[str]]:
     """A callable that runs every conv of ``model`` once as a oneDNN fp32 primitive (inputs of ``x``'s shapes), and
     the kernels oneDNN chose."""
-    from pytorchtricks.tricks.model._onednn_plan.binding import _DESC_BYTES as DESC_BYTES
-    from pytorchtricks.tricks.model._onednn_plan.binding import (
+    from pytorchtricks.tricks.model.onednn_plan.binding import _DESC_BYTES as DESC_BYTES
+    from pytorchtricks.tricks.model.onednn_plan.binding import (
         ARG_BIAS,
         ARG_DST,
         ARG_SRC,
@@ -71,7 +71,7 @@ def conv_chain(model: nn.Module, x: torch.Tensor, blocked: bool) -> tuple[Any, l
         _ExecArg,
         _load,
     )
-    from pytorchtricks.tricks.model._onednn_plan.executor import OnednnPlan
+    from pytorchtricks.tricks.model.onednn_plan.executor import OnednnPlan
 
     lib = _load()
     plan = OnednnPlan(lib)  # only for its handles' lifetime and its memory-descriptor helpers
@@ -144,7 +144,7 @@ def run(px: int, batches: list[int], threads: list[int], rounds: int) -> list[di
 
     torch.manual_seed(0)
     base = randomize_bn_(torchvision.models.resnet18(weights=None)).eval()
-    from pytorchtricks.tricks.model._onednn_plan.binding import _load
+    from pytorchtricks.tricks.model.onednn_plan.binding import _load
 
     ver = _load().dnnl_version().contents
     env = {

@@ -110,7 +110,7 @@ def _quantizer(act_qmax: int, w_qmin: int, w_qmax: int) -> Any:
 def _row(
     name: str, held: list[torch.Tensor], ref: torch.Tensor, int8: Any, calib: list[torch.Tensor]
 ) -> dict:
-    from pytorchtricks.tricks.model._onednn_plan import build_plan
+    from pytorchtricks.tricks.model.onednn_plan import build_plan
 
     # remedies are built without allow_saturation: the plan refuses (and its self-check fails) unless they are exact
     saturates = (name in SETTINGS and SETTINGS[name][0] == 255 and SETTINGS[name][2] == 127) or (

@@ -90,7 +90,7 @@ def test_int8_and_aoti_candidates_are_checked_and_refused_with_reasons(tmp_path,
     rows = {r.name: r for r in res.rows}
     for name in ("AOTInductor int8", "ORT int8 static"):
         assert rows[name].status == "ok" and 20 < rows[name].sqnr_db < 80, (name, rows[name])
-    from pytorchtricks.tricks.model._onednn_plan import onednn_available
+    from pytorchtricks.tricks.model.onednn_plan import onednn_available
 
     if (
         onednn_available()
@@ -191,7 +191,7 @@ def test_cli_int8_plan_winner_loads_in_a_fresh_process(tmp_path, capsys) -> None
     """The int8 oneDNN plan (what --precision any hands back on both CPU classes) is a PT2E program whose
     quantize/dequantize ops exist only once their module is imported: a fresh process must still load it."""
     pytest.importorskip("torchao")
-    from pytorchtricks.tricks.model._onednn_plan import onednn_available
+    from pytorchtricks.tricks.model.onednn_plan import onednn_available
 
     if not onednn_available():
         pytest.skip("no system oneDNN (apt-get install libdnnl2; make system-deps)")

@@ -186,7 +186,7 @@ def fmt_bytes(n: float) -> str:
 
 @rule("PTL001", "conv-bias-before-bn", fix=_fix_conv_bias)
 def conv_bias_before_bn(ctx: LintContext) -> list[Finding]:
-    from pytorchtricks.tricks._graph import conv_bn_links
+    from pytorchtricks.tricks.graph import conv_bn_links
 
     out: list[Finding] = []
     for lk in conv_bn_links(ctx.model):

@@ -143,7 +143,7 @@ def load(kind: str, path: str, *, input_shapes: Sequence[Sequence[int]], threads
     program = torch.export.load(path).module()
     if kind == "export":
         return _no_grad(program)
-    from pytorchtricks.tricks.model._onednn_plan import build_plan
+    from pytorchtricks.tricks.model.onednn_plan import build_plan
 
     example = tuple(_probe(s) for s in input_shapes)
     return build_plan(program, example)  # checks itself against the int8 program on the probe input

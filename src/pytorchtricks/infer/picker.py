@@ -93,7 +93,7 @@ def parse_engines(text: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def _onednn_missing() -> str | None:
-    from pytorchtricks.tricks.model._onednn_plan import onednn_available
+    from pytorchtricks.tricks.model.onednn_plan import onednn_available
 
     return (
         None

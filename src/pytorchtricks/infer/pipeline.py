@@ -155,7 +155,7 @@ def optimize(
 
 
 def _quantize(model: nn.Module, example: tuple[Any, ...], calibration: Any, *, compile: bool) -> Any:
-    from pytorchtricks.tricks.model._onednn_plan import onednn_available
+    from pytorchtricks.tricks.model.onednn_plan import onednn_available
     from pytorchtricks.tricks.model.quantize import QuantConfig, quantize
 
     # compiled int8 for the example's shape: a oneDNN plan (every int8 op one prebuilt primitive) when the system

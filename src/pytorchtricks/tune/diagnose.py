@@ -79,9 +79,9 @@ class Diagnosis:
 
 def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
     """Conv layers feeding straight into a BatchNorm: (names of those that carry a bias, number of pairs), from
-    the one graph-query module (``tricks._graph.conv_bn_links``: torch.fx, piece by piece where the whole does not
+    the one graph-query module (``tricks.graph.conv_bn_links``: torch.fx, piece by piece where the whole does not
     trace)."""
-    from pytorchtricks.tricks._graph import conv_bn_links
+    from pytorchtricks.tricks.graph import conv_bn_links
 
     links = conv_bn_links(model)
     return [lk.first_name for lk in links if getattr(lk.first, "bias", None) is not None], len(links)

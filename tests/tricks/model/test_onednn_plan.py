@@ -18,8 +18,8 @@ from torch import nn
 import pytorchtricks as ptt
 from pytorchtricks.fixtures import randomize_bn_
 from pytorchtricks.safety import sqnr_db
-from pytorchtricks.tricks.model import _onednn_plan
-from pytorchtricks.tricks.model._onednn_plan import (
+from pytorchtricks.tricks.model import onednn_plan
+from pytorchtricks.tricks.model.onednn_plan import (
     PlanUnsupported,
     binding,
     build_plan,
@@ -127,7 +127,7 @@ def _flat(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in ([out] if isinstance(out, torch.Tensor) else out)])
 
 
-def _assert_agrees(graph: nn.Module, plan: _onednn_plan.OnednnPlan, y: torch.Tensor) -> None:
+def _assert_agrees(graph: nn.Module, plan: onednn_plan.OnednnPlan, y: torch.Tensor) -> None:
     """The plan on ``y`` (not the build example) is within the mechanism's bound of the graph."""
     with torch.no_grad():
         ref, got = _flat(graph(y)), _flat(plan(y))

@@ -24,7 +24,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
-from pytorchtricks.tricks._graph import set_submodule, successors
+from pytorchtricks.tricks.graph import set_submodule, successors
 from pytorchtricks.tunable import TuneHook, TuneSetup, applied_or_skip
 
 __all__ = ["to_inplace_abn_", "InPlaceABN"]

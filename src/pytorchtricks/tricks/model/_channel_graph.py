@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from pytorchtricks.tricks._graph import call_sites, registrations, trace
+from pytorchtricks.tricks.graph import call_sites, registrations, trace
 
 _PASS_MODULES = (
     nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU,

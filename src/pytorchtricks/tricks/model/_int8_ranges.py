@@ -88,7 +88,7 @@ def _fake_quant_weight(wobs: Any, w: torch.Tensor) -> torch.Tensor:
 
 def _value(prepared: Any, a: Any) -> Any:
     """A node argument's value for a re-run of one op: parameters read, observers seen through, literals kept."""
-    from pytorchtricks.tricks.model._onednn_plan.lowering import _attr_of
+    from pytorchtricks.tricks.model.onednn_plan.lowering import _attr_of
 
     if getattr(a, "op", None) == "get_attr":
         return _attr_of(prepared, str(a.target))

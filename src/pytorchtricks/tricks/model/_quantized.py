@@ -61,7 +61,7 @@ class Quantized(nn.Module):
             return None
         threads = torch.get_num_threads()
         if threads not in self.plans:
-            from pytorchtricks.tricks.model._onednn_plan import PlanUnsupported, build_plan
+            from pytorchtricks.tricks.model.onednn_plan import PlanUnsupported, build_plan
 
             graph, example = self.plan_source
             try:
@@ -135,14 +135,14 @@ def _aot_package(q: Quantized, example: tuple[Any, ...]) -> Quantized:
     return q
 
 
-def _onednn_plan(q: Quantized, graph: Any, example: tuple[Any, ...]) -> Quantized:
-    """Lower ``graph`` (the PT2E int8 graph) to a oneDNN plan for the example's shapes; see ``_onednn_plan``.
+def onednn_plan(q: Quantized, graph: Any, example: tuple[Any, ...]) -> Quantized:
+    """Lower ``graph`` (the PT2E int8 graph) to a oneDNN plan for the example's shapes; see ``onednn_plan``.
 
     The plan runs every int8 op as one prebuilt oneDNN primitive (ResNet-18 at 160 px, Zen 4: 1.17-1.36x ONNX
     Runtime static int8, results/int8_breakdown.md). If it cannot be built, ``q.plan_error`` says why and calls keep
     the AOTInductor / torch.compile path.
     """
-    from pytorchtricks.tricks.model._onednn_plan import PlanUnsupported, build_plan
+    from pytorchtricks.tricks.model.onednn_plan import PlanUnsupported, build_plan
 
     try:
         q.plans[torch.get_num_threads()] = build_plan(graph, example)

@@ -23,7 +23,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
 from pytorchtricks.tricks._cases import inference_case
-from pytorchtricks.tricks._graph import (
+from pytorchtricks.tricks.graph import (
     attr_users,
     call_sites,
     parent_of,

@@ -43,7 +43,7 @@ from pytorchtricks.tricks.model._int8_ranges import (
     balance_ranges_,
     capture_inputs,
 )
-from pytorchtricks.tricks.model._quantized import Quantized, _aot_package, _onednn_plan
+from pytorchtricks.tricks.model._quantized import Quantized, _aot_package, onednn_plan
 from pytorchtricks.tunable import TuneHook, TuneSetup
 
 __all__ = ["quantize", "QuantConfig", "Quantized"]
@@ -389,7 +389,7 @@ def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | 
             result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
             warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=2)
         elif plan:
-            result = _onednn_plan(result, inner, example)
+            result = onednn_plan(result, inner, example)
             if result.plan_error:
                 warnings.warn(
                     f"no oneDNN plan ({result.plan_error[:200]}); the int8 model runs compiled",

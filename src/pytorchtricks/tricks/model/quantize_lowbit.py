@@ -149,7 +149,7 @@ def fold_bn_binary_(model: nn.Module) -> nn.Module:
     Weights become exactly +-1 and the layer computes ``conv(x, sign W) * post_scale + bias``; the BN becomes
     Identity. The binarized weights are what a binary kernel would store.
     """
-    from pytorchtricks.tricks._graph import call_sites, parent_of, registrations, trace
+    from pytorchtricks.tricks.graph import call_sites, parent_of, registrations, trace
 
     if model.training:
         raise PttError("fold_bn_binary_ needs model.eval(): BN statistics are folded into the layer scale.")

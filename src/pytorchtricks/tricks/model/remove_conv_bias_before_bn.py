@@ -21,7 +21,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks._cases import train_step_case
-from pytorchtricks.tricks._graph import BATCHNORMS, CONVS, conv_bn_links
+from pytorchtricks.tricks.graph import BATCHNORMS, CONVS, conv_bn_links
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["remove_conv_bias_before_bn_"]

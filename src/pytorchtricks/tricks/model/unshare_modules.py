@@ -22,7 +22,7 @@ from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
 from pytorchtricks.tricks._cases import inference_case
-from pytorchtricks.tricks._graph import call_sites, parent_of, trace
+from pytorchtricks.tricks.graph import call_sites, parent_of, trace
 
 __all__ = ["unshare_modules_"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.tricks.model._onednn_plan.binding import (
+from pytorchtricks.tricks.model.onednn_plan.binding import (
     _DESC_BYTES,
     _MD_BYTES,
     ARG_BIAS,

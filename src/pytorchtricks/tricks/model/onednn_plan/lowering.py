@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.tricks.model._onednn_plan.binding import (
+from pytorchtricks.tricks.model.onednn_plan.binding import (
     ELTWISE_CLIP,
     ELTWISE_GELU_ERF,
     ELTWISE_GELU_TANH,
@@ -20,7 +20,7 @@ from pytorchtricks.tricks.model._onednn_plan.binding import (
     PlanUnsupported,
     _load,
 )
-from pytorchtricks.tricks.model._onednn_plan.executor import (
+from pytorchtricks.tricks.model.onednn_plan.executor import (
     _DQ,
     OnednnPlan,
     _FloatIn,

@@ -17,9 +17,9 @@ channel - what the x86 PT2E quantizer makes. Without VNNI a conv/linear is lower
 ranges and ``reduce_range`` both stay inside).
 """
 
-from pytorchtricks.tricks.model._onednn_plan.binding import PlanUnsupported, onednn_available
-from pytorchtricks.tricks.model._onednn_plan.executor import OnednnPlan
-from pytorchtricks.tricks.model._onednn_plan.lowering import build_plan, rounding_sqnr_db, saturation_risk
+from pytorchtricks.tricks.model.onednn_plan.binding import PlanUnsupported, onednn_available
+from pytorchtricks.tricks.model.onednn_plan.executor import OnednnPlan
+from pytorchtricks.tricks.model.onednn_plan.lowering import build_plan, rounding_sqnr_db, saturation_risk
 
 __all__ = [
     "OnednnPlan",
