@@ -140,7 +140,7 @@ def test_a_staged_step_timed_with_our_workers_alive_is_refused():
 
 def test_the_compute_step_is_not_timed_beside_a_running_process_of_ours(models_file):
     w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=4, input_size=16, num_workers=1)
-    child = mp.get_context("fork").Process(target=_spin, args=(4.0,))
+    child = mp.get_context("fork").Process(target=_spin, args=(60.0,))  # ended below, whatever the load
     child.start()
     try:
         with pytest.raises(diag_mod.WorkersAlive):
@@ -161,6 +161,11 @@ def test_inconsistent_figures_are_named():
     # the whole step's spread puts the input share at 9%-41%: both sides of 30%
     (spread,) = diag_mod.inconsistencies(0.9, 0.55, 0.85, 0.5, 0.0)
     assert "both sides" in spread
+    (gap,) = diag_mod.inconsistencies(
+        1.0, 0.95, 1.05, 0.5, 0.0, wall_s=1.5
+    )  # a third of each step in no stage
+    assert "add up" in gap and "33%" in gap
+    assert diag_mod.inconsistencies(1.0, 0.95, 1.05, 0.5, 0.0, wall_s=1.02) == []
 
 
 def test_an_inconsistent_diagnosis_is_measured_again(models_file, monkeypatch):

@@ -31,6 +31,9 @@ ALONE_WINDOW_S = (
 # compute alone may come out this much above the whole step it is part of before the pair counts as inconsistent:
 # the timer's own spread on a quiet machine (a step's IQR is a few percent)
 ALONE_ABOVE_WHOLE = 1.10
+# the stages of a step (data wait, host->device, forward, backward, optimizer) cover it but for the loop's own
+# Python between them (microseconds): below this share of the wall time, the split does not add up
+SPLIT_COVERS = 0.90
 
 
 @dataclass
@@ -233,15 +236,27 @@ def step_split(
 
 
 def inconsistencies(
-    step_s: float, step_q1_s: float, step_q3_s: float, alone_s: float | None, wait_s: float
+    step_s: float,
+    step_q1_s: float,
+    step_q3_s: float,
+    alone_s: float | None,
+    wait_s: float,
+    wall_s: float | None = None,
 ) -> list[str]:
     """What in the diagnosis's own figures contradicts itself, or is too noisy to decide on (empty: none).
 
     - compute alone above the whole step it is part of (beyond ``ALONE_ABOVE_WHOLE``): one of the two was timed
       on a machine doing something else;
     - a spread wider than the effect: the steps' own quartiles put the input pipeline's share on both sides of
-      the input-bound threshold, so the verdict would depend on which step was timed."""
+      the input-bound threshold, so the verdict would depend on which step was timed;
+    - a split that does not add up: the stages' seconds cover less than ``SPLIT_COVERS`` of the wall time the
+      same steps took (``wall_s`` per step), so time went where no stage was timed."""
     out = []
+    if wall_s is not None and wall_s > 0 and step_s < SPLIT_COVERS * wall_s:
+        out.append(
+            f"the step's stages add up to {step_s:.3f} s of the {wall_s:.3f} s each step took: "
+            f"{1 - step_s / wall_s:.0%} of it was not in any stage"
+        )
     if alone_s is not None and alone_s > ALONE_ABOVE_WHOLE * step_s:
         out.append(
             f"the compute step alone ({alone_s:.3f} s) was slower than the whole step it is part of "
@@ -393,7 +408,7 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         return sp.get("data wait", 0.0) + sp.get("host->device", 0.0)
 
     q1, _, q3 = quantiles(per)
-    problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split))
+    problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split), whole_use.wall_s / len(per))
     again_s = (2 * steps + 1) * step_s + (steps + 1) * (
         compute_alone_s or step_s
     )  # what measuring again costs
@@ -412,7 +427,9 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
             runner.close()
         compute_alone_s, alone_use = _alone(w, steps, notes)
         q1, _, q3 = quantiles(per)
-        problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split))
+        problems = inconsistencies(
+            step_s, q1, q3, compute_alone_s, wait_of(split), whole_use.wall_s / len(per)
+        )
     unreliable = list(problems)
     alone_for_verdict = compute_alone_s
     if compute_alone_s is not None and compute_alone_s > ALONE_ABOVE_WHOLE * step_s:
