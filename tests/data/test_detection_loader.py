@@ -123,3 +123,13 @@ def test_classification_paths_refuse_detection_datasets(coco_root, tmp_path):
         next(iter(ptt.make_loader(listy, 2, num_workers=0)))
     with pytest.raises(ptt.PttError, match="open_detection"):
         next(iter(ptt.make_detection_loader(listy, 2, "shortest_side", _cfg(group_by_aspect=False))))
+
+
+def test_loader_ranks_split_the_images_exactly_once(coco_root):
+    ds = open_detection(coco_root)
+    recipe = ptt.DetectionRecipe.shortest_side(160, 256)
+    seen = []
+    for rank in range(2):
+        cfg = _cfg(rank=rank, world_size=2, drop_last=False, seed=3)
+        seen += [t["image_id"] for b in ptt.make_detection_loader(ds, 2, recipe, cfg) for t in b.targets]
+    assert sorted(seen) == sorted(ds.image_ids.tolist())
