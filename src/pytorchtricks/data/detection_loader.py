@@ -163,6 +163,7 @@ class DetectionBatcher:
         items, plans = [], []
         for i in idx:
             raw, target = read_detection_item(dataset, i)
+            raw = _bytes_or_hwc(raw)
             hw = _hw(raw)
             boxes = np.asarray(target["boxes"], np.float32).reshape(-1, 4)
             plans.append(self.recipe.plan(hw, sample_rng(self.seed, epoch, i), min_size, boxes))
@@ -178,6 +179,24 @@ class DetectionBatcher:
             targets.append(_follow(target, boxes, g))
             sizes.append(g.out_hw)
         return DetectionBatch(out.permute(0, 3, 1, 2), torch.tensor(sizes, dtype=torch.int64), targets)
+
+
+def _bytes_or_hwc(raw: Any) -> Any:
+    """Encoded bytes stay bytes (the scaled decode reads them); a PIL image or a CHW/HWC uint8 tensor becomes an
+    HxWx3 uint8 array (warped as it is, without a DCT scale)."""
+    if isinstance(raw, bytes | bytearray | memoryview) or (isinstance(raw, np.ndarray) and raw.ndim == 1):
+        return raw
+    if hasattr(raw, "convert") and hasattr(raw, "size"):  # PIL
+        return np.asarray(raw.convert("RGB"))
+    if isinstance(raw, torch.Tensor):
+        raw = raw.permute(1, 2, 0) if raw.ndim == 3 and raw.shape[0] in (1, 3) else raw
+        raw = raw.numpy()
+    arr = np.asarray(raw)
+    if arr.dtype != np.uint8 or arr.ndim != 3:
+        raise PttError(
+            f"detection images must be encoded bytes or uint8 HxWx3 pixels, got {arr.dtype} {arr.shape}."
+        )
+    return np.ascontiguousarray(np.repeat(arr, 3, axis=2) if arr.shape[2] == 1 else arr)
 
 
 def _hw(raw: Any) -> tuple[int, int]:

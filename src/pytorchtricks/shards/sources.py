@@ -155,7 +155,8 @@ def _list_detection(src: str) -> Source:
     """A detection root (``data.detection.open_detection``): one record per image, label 0, and its target as JSON
     in the extras (``{"target": {"boxes", "labels", "image_id", "iscrowd", "area", "size": [h, w], ...}}``).
     Bad annotations join the rejects (``pack(strict=True)`` fails on the first one)."""
-    from pytorchtricks.data.detection import open_detection, target_json
+    from pytorchtricks.data.detection import open_detection
+    from pytorchtricks.data.detection_pack import target_json
 
     ds = open_detection(src, on_error="skip")
     if len(ds) == 0:

@@ -480,7 +480,7 @@ def _boxes_follow(
     A detection ``target`` carries its annotated ``size``; the stored size must be that or what ``--resize`` /
     ``--max-side`` make of it (else ``ValueError``: the file and its annotation disagree). A list's ``boxes`` column
     (pixels, ``[x, y, x2|w, y2|h]``) is scaled by the stored size over the file's own header size."""
-    from pytorchtricks.data.detection import scale_boxes_json, scale_target_json
+    from pytorchtricks.data.detection_pack import scale_boxes_json, scale_target_json
     from pytorchtricks.shards.jpeg import image_size
 
     stored = (int(info[0]), int(info[1])) if kind == "raw" else image_size(payload)
@@ -572,7 +572,7 @@ def _finish(
         "bytes_out": sum(f["bytes"] for f in files),
     }
     if source.detection is not None:
-        from pytorchtricks.data.detection import pack_summary
+        from pytorchtricks.data.detection_pack import pack_summary
 
         rejected = {r["path"] for r in manifest["rejects"]}
         kept = [e["target"] for r, e in zip(source.rel, source.extras, strict=True) if r not in rejected]
