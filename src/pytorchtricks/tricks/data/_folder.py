@@ -96,6 +96,11 @@ class JpegFolder:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def rel_paths(self) -> np.ndarray:
+        """Each sample's path relative to ``root``, as one fixed-width bytes array (``np.bytes_``)."""
+        return self._paths
+
     def path(self, i: int) -> str:
         return os.path.join(self.root, self._paths[i].decode())
 
