@@ -57,9 +57,10 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
             for s in m["shards"]:
                 path = os.path.join(dst, s["name"])
                 n = 0
+                key0 = s.get("first_key", first)  # listed by a --distributed (chunk-aligned) pack
                 for j, (key, group) in enumerate(iter_tar_groups(path)):
-                    if key != f"{first + j:09d}":
-                        problems.append(f"{path}, record {j}: key {key!r}, expected sample {first + j}")
+                    if key != f"{key0 + j:09d}":
+                        problems.append(f"{path}, record {j}: key {key!r}, expected key {key0 + j}")
                         break
                     payload, _, _ = tar_sample(key, group, path=path, index=j, require_crc=True)
                     check(payload, path, j)

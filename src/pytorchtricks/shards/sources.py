@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,9 +369,14 @@ def process_item(job: tuple[int, str, dict[str, Any]]) -> tuple[int, str, Any, A
         _check_pixels(data, kind, int(opts.get("max_pixels") or MAX_PIXELS))
         return (i, *_encode(data, kind, opts), nbytes)
     except _Reject as exc:
-        return i, "reject", None, str(exc), nbytes
+        return i, "reject", None, _no_address(str(exc)), nbytes
     except Exception as exc:  # any decoder failure is a reject with its reason, never a crash mid-pack
-        return i, "reject", None, f"not decodable: {exc}", nbytes
+        return i, "reject", None, _no_address(f"not decodable: {exc}"), nbytes
+
+
+def _no_address(reason: str) -> str:
+    """The reason without memory addresses (Pillow names its BytesIO "at 0x7f..."): same file, same pack bytes."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", reason)
 
 
 def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any]:
