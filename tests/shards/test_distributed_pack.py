@@ -242,3 +242,36 @@ def test_kill_any_rank_after_any_rename_and_rerun_gives_the_same_pack(runs, src,
         assert _tree(tmp_path / f"k{r}-{k}-{when}") == ref, (
             f"killed rank {r} {when} rename {k}: the re-run differs"
         )
+
+
+def test_a_bucket_gets_each_shard_as_it_is_finished_never_the_whole_pack_staged(
+    runs, src, tmp_path, monkeypatch
+):
+    import fsspec
+    import torch.distributed as dist
+
+    from pytorchtricks.shards import chunked
+
+    staged: list[int] = []  # files in the staging folder at each PUT
+    real = chunked.Target.commit
+
+    def commit(self, name):
+        staged.append(sum(len(files) for _, _, files in os.walk(self.staging)))
+        return real(self, name)
+
+    monkeypatch.setattr(chunked.Target, "commit", commit)
+    url = "memory://ptt-dist-test/pack"
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        pack(src, url, shard_size="4000", workers=0, distributed=True, staging_dir=tmp_path / "staging")
+    finally:
+        dist.destroy_process_group()
+    fs = fsspec.filesystem("memory")
+    got = {
+        p.rsplit("/", 1)[-1]: hashlib.sha256(fs.cat_file(p)).hexdigest()
+        for p in fs.find("/ptt-dist-test/pack")
+    }
+    assert got == _tree(runs["w3"])  # the local pack's bytes; no chunk record left in the bucket
+    assert staged and max(staged) == 1  # one object staged at a time
+    assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").rglob("*.*"))
+    fs.rm("/ptt-dist-test", recursive=True)

@@ -48,13 +48,20 @@ RECORDS = ".pack-chunks-"  # + the pack digest's first 16 hex digits: the folder
 class Plan(Protocol):
     """What the work needs from ``writer.pack``'s checked plan."""
 
-    source: Source
-    opts: dict[str, Any]
-    options: dict[str, Any]
-    digest: str
-    limit: int
-    strict: bool
-    verify: bool
+    @property
+    def source(self) -> Source: ...
+    @property
+    def opts(self) -> dict[str, Any]: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def verify(self) -> bool: ...
 
     def jobs(self, order: np.ndarray, lo: int, hi: int) -> list[tuple[int, str, dict[str, Any]]]: ...
 
@@ -330,7 +337,9 @@ def merge_chunks(plan: Plan, n: int, target: Target) -> dict[str, Any]:
         PttError: a chunk has no complete record (a rank failed before it finished: re-run the command).
     """
     size, digest, fmt = chunk_items(n), plan.digest, plan.opts["format"]
-    records, rows = [], []
+    records: list[dict[str, Any]] = []
+    rows: list[np.ndarray] = []
+    n_shards = 0
     for c in range(-(-n // size)):
         rec = _complete(target, digest, c)
         raw = target.read_bytes(_record_names(digest, c)[1]) if rec is not None else None
@@ -340,7 +349,8 @@ def merge_chunks(plan: Plan, n: int, target: Target) -> dict[str, Any]:
                 "Run the same command again: complete chunks are kept."
             )
         part = np.load(io.BytesIO(raw), allow_pickle=False)
-        part["shard"] += sum(len(r["shards"]) for r in records)  # chunk-local shard numbers -> the pack's
+        part["shard"] += n_shards  # chunk-local shard numbers -> the pack's
+        n_shards += len(rec["shards"])
         records.append(rec)
         rows.append(part)
     source = plan.source
