@@ -99,7 +99,9 @@ def _verify_ptt(dst: str, m: dict[str, Any], check: Any) -> None:
         rows = index[first : first + s["count"]]
         check_ptt_shard(path, s, rows, first)
         mm = MappedShard(path)
-        cols = [np.asarray(rows[f]).tolist() for f in ("offset", "length", "crc", "label")]  # one shard's worth
+        cols = [
+            np.asarray(rows[f]).tolist() for f in ("offset", "length", "crc", "label")
+        ]  # one shard's worth
         for j, (off, length, crc, label) in enumerate(zip(*cols, strict=True)):
             rec = mm.slice(off, length, first + j)
             payload, _, _ = decode_record(rec, path=path, index=first + j, crc=crc, label=label)
