@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 PTT := $(VENV)/bin/ptt
 # Development pins (the package itself only asks for torch>=2.4); a CUDA build that also runs on CPU.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
-EXTRAS := dev,data,infer,report,script
+EXTRAS := dev,data,infer,report,script,docs
 # The exact set the suite was last green with (make lock writes it); CONSTRAINTS= installs the newest in range.
 CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(wildcard $(CONSTRAINTS)),-c $(CONSTRAINTS))
@@ -17,12 +17,13 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-scale
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
 	@echo "make test   - create .venv, install, lint, type-check and run the whole test suite"
 	@echo "make bench  - run every trick's bench case at full size, results under bench-results/"
+	@echo "make docs   - build the documentation site into site/ (strict, offline); make docs-serve to read it"
 
 $(VENV)/.installed: pyproject.toml $(wildcard $(CONSTRAINTS))
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,7 +32,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard $(CONSTRAINTS))
 	$(PIP) install -q -e ".[$(EXTRAS)]" $(TORCH_PINS) $(PIP_C)
 	touch $@
 
-# Record the installed set as the constraints file (run after a green `make test`; see README "Installs").
+# Record the installed set as the constraints file (run after a green `make test`; see CONTRIBUTING.md "Installs").
 lock: setup
 	{ echo "# The exact versions the suite was last green with: written by 'make lock', read by 'make setup'."; \
 	  echo "# $$($(PY) -c 'import platform; print(platform.python_version(), platform.machine())')"; \
@@ -60,12 +61,12 @@ demo: setup system-deps
 	$(PTT) tune --out tune-out
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docsgen
+	$(VENV)/bin/ruff format --check src tests benchmarks docsgen
 
 format: setup
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks docsgen
+	$(VENV)/bin/ruff check --fix src tests benchmarks docsgen
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -80,7 +81,7 @@ ISA_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTR
 pytest-avx2: setup system-deps
 	$(ISA_AVX2) $(PY) -m pytest -m isa -p no:cacheprovider $(PYTEST_ARGS)
 
-test: setup system-deps lint typecheck pytest pytest-avx2
+test: setup system-deps lint typecheck docs pytest pytest-avx2
 
 bench: setup
 	$(PTT) bench --all --size full --out bench-results
@@ -94,9 +95,17 @@ gpu-check: setup
 	$(PY) -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee $$out/gpu-pytest.log; \
 	$(PTT) bench --all --size full --device cuda --out $$out 2>&1 | tee $$out/gpu-bench.log
 
-# Regenerate the README's trick table from the catalogue (tests/test_catalogue.py checks it is in step).
-readme-table: setup
-	$(PY) -m pytorchtricks.report.readme README.md
+# The documentation site (mkdocs.yml; docsgen/ generates the catalogue, CLI, API and results pages from the code
+# and results/ at build time) -> site/. Strict: a warning, a broken link or anchor, a docstring mkdocstrings cannot
+# render fails the build. Offline: no web fonts, no CDN, no plugin that fetches. CI builds it as part of `make test`.
+# NO_MKDOCS_2_WARNING: silences Material's banner about MkDocs 2 (pinned: mkdocs 1.6, Material 9).
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+docs: setup
+	$(MKDOCS) build --strict --clean --site-dir site
+
+# Serve the site at http://127.0.0.1:8000, rebuilt on every save.
+docs-serve: setup
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
 # ---- targets added by the data, loop, model, analysis and tune work go below this line ----
 
@@ -116,7 +125,7 @@ bench-pack: setup data
 # Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
 # venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.
 PEERS_VENV := .venv-peers
-PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0
+PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0 pycocotools==2.0.11
 peers-env: setup
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
 	site=$$($(PEERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
@@ -155,6 +164,13 @@ bench-data-hires: setup system-deps peers-env ffcv-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --set hires --images $(HIRES_IMAGES) --batch 64 \
 	  --rounds $(HIRES_ROUNDS) --systems $(HIRES_SYSTEMS) --out $(RESULTS)
 
+# Detection input on the >= 2 MP photos with seeded boxes (a COCO JSON): torchvision's reference (hflip policy; with
+# RandomShortestSize; LSJ), make_detection_loader, DALI CPU and the decode floor, interleaved -> $(RESULTS)/detection_data-*.
+DET_IMAGES ?= 120
+DET_ROUNDS ?= 3
+bench-detection-data: setup system-deps peers-env
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/detection_data.py --images $(DET_IMAGES) --rounds $(DET_ROUNDS) --out $(RESULTS)
+
 # Decode only, one thread: the crop's window vs the whole image at the same DCT scale -> $(RESULTS)/roi_decode-*.
 bench-roi-decode: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/roi_decode.py --n 200 --rounds 5 --out $(RESULTS)
@@ -192,7 +208,7 @@ lint-examples: setup
 	for m in resnet50 mobilenet_v3_small shufflenet_v2_x1_0; do \
 	  $(PTT) lint torchvision:$$m --input-shape 1,3,224,224 > results/lint-$$m.txt; done
 
-# Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the README shows.
+# Render $(TUNE_OUT)/report.html in headless Chromium; the PNG under docs/ is what the tune guide shows.
 TUNE_OUT ?= tune-out
 screenshot: setup system-deps
 	test -f $(TUNE_OUT)/report.html || $(MAKE) demo
@@ -276,3 +292,9 @@ bench-scale: setup
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+
+# `make demo` as a new user runs it, twice on the machine as it is and once beside a CPU burner on one core (another
+# program): the receipts under $(RESULTS)/demo-*/ and $(RESULTS)/demo.md (issue 29: a busy run says so).
+.PHONY: bench-demo-receipts
+bench-demo-receipts: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/demo_receipts.py --out $(RESULTS)

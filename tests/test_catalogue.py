@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import warnings
@@ -91,15 +90,6 @@ def test_import_is_light_and_side_effect_free() -> None:
     assert res.returncode == 0, res.stderr
     assert "HEAVY []" in res.stdout, res.stdout
     assert "CUDA_INIT False" in res.stdout, res.stdout
-
-
-def test_readme_table_matches_ptt_list_markdown() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- trick-table:start[^\n]*-->\n(.*?)<!-- trick-table:end -->", readme, re.S)
-    assert m, "README lacks the trick-table markers"
-    assert m.group(1) == catalogue.to_markdown(), (
-        "README trick table is stale: regenerate it with `make readme-table`"
-    )
 
 
 def test_get_unknown_name_suggests_close_matches() -> None:

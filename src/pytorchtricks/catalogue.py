@@ -141,7 +141,7 @@ def select(where: str | None = None, gains: str | None = None, phase: str | None
 
 
 def to_markdown(tricks: list[Trick] | None = None) -> str:
-    """The README's trick table (``ptt list --markdown``)."""
+    """The catalogue as a Markdown table (``ptt list --markdown``; the docs' catalogue page opens with it)."""
     rows = [
         "| trick | where | gains | phase | exact | needs | what it does |",
         "|---|---|---|---|---|---|---|",

@@ -84,8 +84,18 @@ class TuneFacts:
     goal: str = "speed"
     memory_budget_bytes: int | None = None
 
+    # whether a loader that spends fewer CPU-seconds per sample may speed the step up: the diagnosis's verdict
+    # (``analysis.verdict.LOADER_CAN_HELP``: input-bound or CPU-contended) or figures too uncertain to rule it out;
+    # None: not given (a verdict of "input-bound" alone then says yes)
+    loader_can_help: bool | None = None
+    # the accelerator's step, declared (``ptt tune --device-step-ms``): only loaders are measured against it
+    declared_step_s: float | None = None
+    task: str = "classification"  # or "detection": only hooks whose ``tasks`` name it are measured
+
     @property
     def input_bound(self) -> bool:
+        if self.loader_can_help is not None:
+            return self.loader_can_help
         return self.verdict == "input-bound"
 
     @property
@@ -185,6 +195,8 @@ class TuneHook:
             combination adds it after every other winner, and its ``prepare`` runs again over that combination.
         loop: a step hook's training loop for ``apply.py`` (replaces the plain loop there; ``{receipt}`` is its
             receipt line, plus the receipt's fields).
+        tasks: the workloads the hook builds and checks (``"classification"``, ``"detection"``); tune skips it
+            on others, saying so.
     """
 
     changes: Changes
@@ -202,6 +214,7 @@ class TuneHook:
     variant: str = ""
     last: bool = False
     loop: str = ""
+    tasks: tuple[str, ...] = ("classification",)
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

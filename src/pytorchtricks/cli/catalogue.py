@@ -15,7 +15,7 @@ def _add_list(sub: Any) -> None:
     p.add_argument("--where", choices=None, help="data, loop, model or runtime")
     p.add_argument("--gains", help="speed, memory, reproducibility or accuracy")
     p.add_argument("--phase", help="train or infer")
-    p.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.set_defaults(handler=_cmd_list)
 
 

@@ -45,6 +45,17 @@ def why_not(c: Candidate, facts: TuneFacts) -> str | None:
         )
     if "speed" not in c.gains and not facts.memory_search:
         return "saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)"
+    if facts.task not in c.hook.tasks:
+        return (
+            f"not measured on {facts.task} workloads yet (it serves {' and '.join(c.hook.tasks)}): its hook "
+            "builds and checks a classification step"
+        )
+    if facts.declared_step_s is not None and c.scope != "step":
+        return (
+            f"the step is declared ({facts.declared_step_s * 1e3:g} ms on the accelerator, --device-step-ms): "
+            "tune projects the loaders against it; a model trick changes the accelerator's own step, which "
+            "this machine cannot time - run ptt tune on the GPU machine for those"
+        )
     for need in c.needs:
         if need == "cuda" and facts.device != "cuda":
             return "needs a CUDA GPU; this run is on the CPU"
@@ -221,7 +232,11 @@ def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
     r = Runner(w, tricks, loader=False)
     try:
         s = r.setup
-        if s.loader == "device":  # resident on the device: its own batching, checked the same way
+        if w.task == "detection":
+            from pytorchtricks.tune.detection import check_loader
+
+            got = check_loader(s.dataset, w.input_size, w.max_size or 1333, s.loader_kwargs)
+        elif s.loader == "device":  # resident on the device: its own batching, checked the same way
             side = int(s.dataset.images.shape[-1])
             got = check_device_data(s.dataset, w.labels, w.files, size=w.input_size, side=side)
         else:

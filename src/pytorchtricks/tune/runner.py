@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pytorchtricks.clock import Stopwatch, now_s
+from pytorchtricks.clock import Stopwatch, hold_s, now_s
 from pytorchtricks.core import PttWarning
 from pytorchtricks.tunable import TuneSetup
 from pytorchtricks.tune.baseline import normalize, user_loader
@@ -189,6 +189,17 @@ class Runner:
     def _build_loader(self) -> Any:
         s, w = self.setup, self.w
         size = (w.input_size, w.width or w.input_size)
+        if w.task == "detection":  # the reference's pipeline, or ours (the decode at the training size)
+            from pytorchtricks.tune import detection
+
+            if s.loader == "ptt":
+                return detection.our_loader(
+                    s.dataset, w.batch_size, w.input_size, w.max_size or 1333, s.loader_kwargs, self.seed,
+                    self.train,
+                )  # fmt: skip
+            return detection.reference_loader(
+                s.dataset, w.batch_size, self.num_workers, self.seed, self.train
+            )
         if s.loader == "device":  # a dataset resident on the device (dataset_on_device) is its own loader
             loader: Any = s.dataset
         elif s.loader == "ptt":
@@ -219,7 +230,7 @@ class Runner:
             loader = wrap(loader)
         return loader
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple[Any, Any]:
         if self._staged is not None:
             if self._it is None:
                 self._it = itertools.cycle(self._staged)
@@ -229,10 +240,13 @@ class Runner:
         if self._it is None:
             self._it = iter(self._loader)
         try:
-            return next(self._it)  # type: ignore[no-any-return]
+            batch = next(self._it)
         except StopIteration:  # the next epoch
             self._it = iter(self._loader)
-            return next(self._it)  # type: ignore[no-any-return]
+            batch = next(self._it)
+        if self.w.task == "detection" and len(batch) != 2:
+            return batch, None  # a DetectionBatch (images, sizes, targets): on_batch reads it whole
+        return batch  # type: ignore[no-any-return]
 
     def activate(self) -> None:
         """Start this variant's loader workers and run one untimed step per worker before a timed block.
@@ -295,6 +309,12 @@ class Runner:
         def stage(name: str) -> Any:
             return sw.stage(name, synchronize=True) if sw is not None else contextlib.nullcontext()
 
+        if self.w.device_step_s is not None:  # a declared accelerator step: held, not computed here
+            with stage("device step (declared)"):
+                hold_s(self.w.device_step_s)
+            return None
+        if self.w.task == "detection":
+            return self._detection_step(xb, yb, stage)
         with stage("host->device"):
             x, y = self.prepare(xb), yb.to(self.w.device, non_blocking=True)
         if not self.train:
@@ -320,6 +340,29 @@ class Runner:
             else:
                 self.optimizer.step()
         return loss
+
+    def _detection_step(self, xb: Any, yb: Any, stage: Any) -> Any:
+        """The detector's training step: its loss dict summed (``tune.detection``)."""
+        from pytorchtricks.tune import detection
+
+        with stage("host->device"):
+            images, targets = detection.to_model_inputs(xb, yb, self.w.device)
+        with stage("forward"), self.autocast():
+            _, loss = detection.loss_of(self.forward, images, targets)
+        with stage("backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with stage("optimizer"):
+            self.optimizer.step()
+        return loss
+
+    def loss_on(self, xb: Any, yb: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs, loss) of a batch as a loader gives it, either task: a detector's outputs are its losses."""
+        if self.w.task == "detection":
+            from pytorchtricks.tune import detection
+
+            return detection.loss_of(self.forward, *detection.to_model_inputs(xb, yb, self.w.device))
+        return self.loss_of(self.prepare(xb), yb.to(self.w.device))
 
     def to_float64(self) -> None:
         """Compute in float64 from here on (model, inputs, optimizer state): an exactness check free of fp32's

@@ -144,6 +144,14 @@ class Workload:
     # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
     # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
     activation_budget_bytes: int | None = None
+    # the accelerator's step, declared (``--device-step-ms``): every step holds the main process this long without
+    # using a core, in place of the model's step on this machine; loaders are then measured against it (a
+    # projection for that accelerator). None: the model's own step runs here.
+    device_step_s: float | None = None
+    task: str = "classification"  # or "detection" (tune.detection: a torchvision detector, its loss dict)
+    max_size: int | None = (
+        None  # detection: the long side's cap of the model's resize (input_size: the short side)
+    )
 
     @property
     def num_classes(self) -> int:
@@ -341,6 +349,8 @@ def build_workload(
     device: str | None = "cpu",
     seed: int = 0,
     optimizer: tuple[str, dict[str, Any]] | None = None,
+    device_step_ms: float | None = None,
+    task: str = "classification",
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
 
@@ -363,8 +373,20 @@ def build_workload(
     for_ = "infer" if for_ == "inference" else for_
     if num_workers < 0:
         raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
+    if device_step_ms is not None and not (0 < device_step_ms < 600_000):
+        raise PttError(
+            f"--device-step-ms must be the accelerator's step in milliseconds (0 < MS < 600000), not "
+            f"{device_step_ms}: read it from your training logs, or `ptt doctor run` on the GPU machine."
+        )
+    if device_step_ms is not None and for_ != "train":
+        raise PttError("--device-step-ms declares a training step; for inference use ptt optimize.")
     dev = resolve_device(device)
     require("PIL", "data", package="pillow")
+    if task not in ("classification", "detection"):
+        raise PttError(f"--task must be classification or detection, not {task!r}.")
+    if task == "detection":
+        out = _detection_workload(model, data, batch_size, input_size, num_workers, for_, dev, seed)
+        return _declared(out, optimizer, device_step_ms)
     if isinstance(model, nn.Module):  # a script's own model (ptt doctor run --tune)
         spec = f"captured {type(model).__name__}"
         base = copy.deepcopy(model).cpu()
@@ -413,8 +435,22 @@ def build_workload(
         channels=channels, width=None if w == h else w, num_workers=num_workers,
         data_kind=kind, source=source, labels=label_array(dataset), files=files,
     )  # fmt: skip
+    return _declared(out, optimizer, device_step_ms)
+
+
+def _declared(
+    out: Workload, optimizer: tuple[str, dict[str, Any]] | None, device_step_ms: float | None
+) -> Workload:
+    """The loop's optimizer and the accelerator's declared step, on a built workload."""
     if optimizer is not None:
         out.optimizer = (str(optimizer[0]), dict(optimizer[1]))
+    if device_step_ms is not None:
+        out.device_step_s = device_step_ms / 1e3
+        out.notes.append(
+            f"the step is declared: {device_step_ms:g} ms on the accelerator (--device-step-ms); every figure below "
+            "is a projection - each loader is timed feeding a stand-in step that holds the training process that "
+            "long without using this machine's cores, as a GPU step does apart from its launch thread"
+        )
     return out
 
 
@@ -428,3 +464,38 @@ def to_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
         return (x.float() * wts).sum(1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
     reps = -(-channels // x.shape[1])
     return x.repeat(1, reps, 1, 1)[:, :channels]
+
+
+def _detection_workload(
+    model: str | nn.Module | None,
+    data: str | None,
+    batch_size: int | None,
+    input_size: int | None,
+    num_workers: int,
+    for_: str,
+    dev: torch.device,
+    seed: int,
+) -> Workload:
+    """``--task detection``: a detection root (or the built-in photos with boxes) and a torchvision detector."""
+    from pytorchtricks.tune import detection
+
+    if for_ != "train":
+        raise PttError("--task detection tunes training; for a detector's inference use ptt optimize.")
+    if isinstance(model, nn.Module):
+        raise PttError("--task detection builds the detector from --model torchvision:NAME (random weights).")
+    dataset, desc, source = detection.open_data(data, cache_root())
+    n_classes = max([0, *dataset.categories]) + 1  # category ids as labels, 0 the background
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        base, short, long = detection.build_model(model, n_classes, input_size)
+    state = copy.deepcopy(base)
+
+    def factory() -> nn.Module:
+        return copy.deepcopy(state)
+
+    bs = batch_size or 4
+    files = [dataset.path(i) for i in range(len(dataset))]
+    return Workload(
+        model or detection.DEFAULT_DETECTOR, factory, dataset, desc, n_classes, bs, short, for_, dev, [],
+        num_workers=num_workers, data_kind="files", source=source, files=files, task="detection", max_size=long,
+    )  # fmt: skip

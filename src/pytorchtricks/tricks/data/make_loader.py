@@ -53,6 +53,9 @@ TUNE = TuneHook(
     applies=_tune_applies,
     order=105,
     bound="decoded pixels >= 30 dB PSNR vs PIL full decode",
+    # on a detection workload tune builds ptt.make_detection_loader in its place (the decode at the training size,
+    # boxes that follow): the same idea, the detection geometry
+    tasks=("classification", "detection"),
 )
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -295,6 +298,11 @@ def make_loader(
     world = w0 if world_size is None else world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    from pytorchtricks.data.detection import refuse_detection, refuse_detection_root
+
+    if isinstance(dataset, str | os.PathLike) and os.path.isdir(dataset):
+        refuse_detection_root(dataset, "make_loader")
+    refuse_detection(dataset, "make_loader")
     if isinstance(dataset, str | os.PathLike):
         dataset = _open_pack(os.fspath(dataset), shuffle, seed, rank, world, cache_dir, cache_limit)
     dev = torch.device(device) if device is not None else None

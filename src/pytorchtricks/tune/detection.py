@@ -1,0 +1,249 @@
+"""The detection workload of ``ptt tune --task detection``: a torchvision detector on a detection root.
+
+What differs from classification, in one place: the data (``ptt.open_detection``: COCO / YOLO / VOC, or the built-in
+high-resolution photos with seeded boxes), the model (a torchvision detector built offline: ``weights=None,
+weights_backbone=None``, ``min_size`` = ``--input-size``, the shortest side), the step (the detector's own loss
+dict, summed), the user's pipeline as the torchvision detection reference runs it (``references/detection``, its
+"hflip" policy: PIL decode at full size, flip, ``PILToTensor``, ``ToDtype(float32, scale=True)``, a list collate,
+the user's workers - the model's ``GeneralizedRCNNTransform`` then shrinks each image), and ours
+(``ptt.make_detection_loader``: the decode at the DCT scale the training size needs, padded uint8 batches, boxes
+that follow). The runner asks this module for the loader and the loss; the catalogue's loader hooks that say they
+serve detection (``TuneHook.tasks``) are measured, the others are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pytorchtricks.core import PttError
+
+DEFAULT_DETECTOR = "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn"
+BUILTIN_PHOTOS = (
+    48  # 2-24 MP photos at native resolution: the archetype's photos, few enough to build in a minute
+)
+BUILTIN_SEED = 0
+MIN_PSNR_DB = 30.0  # our decode at the DCT scale vs PIL's full decode + torchvision's resize (see datacheck)
+
+
+def builtin_root(cache_dir: str) -> str:
+    """The built-in detection set: ``BUILTIN_PHOTOS`` high-resolution crops of the Debian wallpapers (>= 2 MP, at
+    native resolution) with 1-8 seeded boxes each, as a COCO instances JSON; built once under ``cache_dir``.
+    Returns the annotation file (``open_detection`` reads the images beside it)."""
+    from pytorchtricks.shards.jpeg import image_size
+    from pytorchtricks.shards.photoset import build_photo_set
+
+    root = os.path.join(cache_dir, f"tune-detection-{BUILTIN_PHOTOS}-{BUILTIN_SEED}")
+    ann = os.path.join(root, "annotations.json")
+    if os.path.exists(ann):
+        return ann
+    photos = os.path.join(root, "images")
+    build_photo_set(photos, BUILTIN_PHOTOS, seed=BUILTIN_SEED, min_mp=2.0)
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), photos)
+        for d, _, fs in os.walk(photos)
+        for f in fs
+        if f.endswith(".jpg")
+    )
+    rng = np.random.default_rng(BUILTIN_SEED)
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+    for n, rel in enumerate(files):
+        with open(os.path.join(photos, rel), "rb") as fh:
+            h, w = image_size(fh.read(1 << 20))
+        images.append({"id": n, "file_name": rel, "width": w, "height": h})
+        for _ in range(int(rng.integers(1, 9))):  # boxes of 1/40 to 1/2 of each side, anywhere in the image
+            bw, bh = float(rng.integers(w // 40, w // 2)), float(rng.integers(h // 40, h // 2))
+            x, y = float(rng.integers(0, int(w - bw))), float(rng.integers(0, int(h - bh)))
+            anns.append({"id": len(anns) + 1, "image_id": n, "category_id": 1 + len(anns) % 3,
+                         "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})  # fmt: skip
+    cats = [{"id": i, "name": c} for i, c in ((1, "a"), (2, "b"), (3, "c"))]
+    tmp = f"{ann}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"images": images, "annotations": anns, "categories": cats}, fh)
+    os.replace(tmp, ann)
+    return ann
+
+
+def open_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
+    """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (or a COCO JSON file),
+    or None for the built-in set."""
+    from pytorchtricks.data.detection import detection_layout, open_detection
+
+    if data is None:
+        src = builtin_root(cache_dir)
+        ds = open_detection(src, format="coco", images=os.path.join(os.path.dirname(src), "images"))
+        desc = f"built-in: {len(ds)} photos of 2-24 MP (Debian wallpapers) with seeded boxes, COCO JSON"
+        return ds, desc, src
+    if not os.path.exists(data):
+        raise PttError(
+            f"--data {data}: no such file or folder; give a COCO, YOLO or VOC root (or a COCO JSON)."
+        )
+    fmt = "coco" if os.path.isfile(data) else detection_layout(data)
+    if fmt is None:
+        raise PttError(
+            f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "
+            "YOLO (images/ + labels/) or Pascal VOC (Annotations/ + JPEGImages/), or a COCO JSON file."
+        )
+    ds = open_detection(data, format=fmt)
+    return ds, f"{fmt.upper()} {data}: {len(ds)} images, {len(ds.categories)} categories", data
+
+
+def build_model(spec: str | None, num_classes: int, input_size: int | None) -> tuple[nn.Module, int, int]:
+    """(the detector with random weights, its shortest side, its longest side); nothing is downloaded."""
+    from pytorchtricks.bench.workloads import load_model
+
+    spec = spec or DEFAULT_DETECTOR
+    kw: dict[str, Any] = {"num_classes": num_classes}
+    if input_size is not None:
+        kw["min_size"] = input_size
+    try:
+        model = load_model(spec, **kw)
+    except PttError as exc:
+        raise PttError(f"could not build the detector --model {spec!r}: {exc}") from exc
+    t = getattr(model, "transform", None)
+    if t is None or not hasattr(t, "min_size"):
+        raise PttError(
+            f"--task detection trains torchvision detectors (their forward takes images and targets and returns a "
+            f"dict of losses, e.g. {DEFAULT_DETECTOR}); {spec} has no GeneralizedRCNNTransform."
+        )
+    return model, int(t.min_size[0]), int(t.max_size)
+
+
+def loss_of(
+    model: Any, images: list[torch.Tensor], targets: list[dict[str, Any]]
+) -> tuple[torch.Tensor, Any]:
+    """(each loss of the detector's dict as one vector in key order, their sum): what the step backpropagates,
+    and what a correctness check compares."""
+    d = model(images, targets)
+    vals = torch.stack([d[k] for k in sorted(d)])
+    return vals, vals.sum()
+
+
+def to_model_inputs(
+    xb: Any, yb: Any, device: torch.device
+) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+    """A batch of either loader -> (float images in [0, 1] on ``device``, targets with boxes and labels)."""
+    from pytorchtricks.data.detection_loader import DetectionBatch
+
+    if isinstance(xb, DetectionBatch):  # ours: padded uint8; each image cut to its own size
+        imgs = [xb.images[i, :, : int(h), : int(w)] for i, (h, w) in enumerate(xb.sizes.tolist())]
+        images = [im.to(device, non_blocking=True).float().div_(255) for im in imgs]
+        targets = xb.targets
+    else:  # the reference's list collate: float images already
+        images, targets = [im.to(device) for im in xb], list(yb)
+    return images, [
+        {"boxes": t["boxes"].to(device).float().reshape(-1, 4), "labels": t["labels"].to(device).long()}
+        for t in targets
+    ]
+
+
+class ReferencePolicy(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """The torchvision detection reference's "hflip" policy over our samples: PIL decodes the whole photo,
+    ``RandomHorizontalFlip(0.5)`` flips image and boxes, ``PILToTensor`` + ``ToDtype(float32, scale=True)``: a
+    full-resolution float32 image (a 12 MP photo is 144 MB) and its target, as ``CocoDetection`` wrapped for
+    transforms v2 gives them."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        from PIL import Image
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2 as T
+
+        raw, t = self.dataset[i]
+        img = Image.open(io.BytesIO(raw)).convert("RGB")
+        boxes = tv_tensors.BoundingBoxes(t["boxes"], format="XYXY", canvas_size=(img.height, img.width))
+        policy = T.Compose(
+            [T.RandomHorizontalFlip(0.5), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
+        )
+        out, b = policy(img, boxes)
+        return out, {"boxes": b.as_subclass(torch.Tensor), "labels": t["labels"]}
+
+
+def _collate(batch: Any) -> Any:
+    return tuple(zip(*batch, strict=True))  # the reference's utils.collate_fn: lists, no stacking
+
+
+def reference_loader(dataset: Any, batch_size: int, num_workers: int, seed: int, train: bool) -> Any:
+    """The user's pipeline as the detection reference runs it (see ``ReferencePolicy``)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.utils.data.DataLoader(
+        ReferencePolicy(dataset), batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
+        collate_fn=_collate, generator=g,
+    )  # fmt: skip
+
+
+def our_loader(
+    dataset: Any,
+    batch_size: int,
+    min_size: int,
+    max_size: int,
+    kwargs: dict[str, Any],
+    seed: int,
+    train: bool,
+) -> Any:
+    """``ptt.make_detection_loader`` with the reference's geometry (shortest side ``min_size``, long side at most
+    ``max_size``, flip 0.5 in training): the images the model's transform would make, decoded at that size."""
+    from pytorchtricks.data.recipes import DetectionRecipe
+    from pytorchtricks.tricks.data._detection import DetectionLoaderConfig, make_detection_loader
+
+    cfg = DetectionLoaderConfig(
+        shuffle=train, drop_last=train, num_workers=int(kwargs.get("num_workers", 0)), seed=seed,
+        persistent_workers=False,
+    )  # fmt: skip
+    recipe = DetectionRecipe.shortest_side(min_size, max_size, flip=0.5 if train else 0.0)
+    return make_detection_loader(dataset, batch_size, recipe, cfg)
+
+
+def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, Any], n: int = 24) -> Any:
+    """The data check of our detection loader on the first ``n`` images, before it is timed: every image exactly
+    once per epoch, every box inside its image, and pixels >= ``MIN_PSNR_DB`` of PIL's full decode resized by
+    torchvision (the model's own resize) on the same geometry (no flip)."""
+    from PIL import Image
+    from torchvision.transforms import v2 as T
+
+    from pytorchtricks.tune.datacheck import DataCheck, psnr_db
+
+    sub = torch.utils.data.Subset(dataset, list(range(min(n, len(dataset)))))
+    ld = our_loader(sub, 4, min_size, max_size, {"num_workers": 0}, seed=0, train=False)
+    seen: list[int] = []
+    worst = float("inf")
+    for b in ld:
+        for k, ((h, w), t) in enumerate(zip(b.sizes.tolist(), b.targets, strict=True)):
+            seen.append(int(t["image_id"]))
+            bx = t["boxes"]
+            if len(bx) and (
+                bx[:, 0].min() < 0 or bx[:, 1].min() < 0 or bx[:, 2].max() > w or bx[:, 3].max() > h
+            ):
+                return DataCheck(
+                    "data: detection", False, f"image {t['image_id']}: a box outside its {w}x{h} image"
+                )
+            if len(seen) <= 4:
+                raw, _ = sub[len(seen) - 1]
+                ref = T.PILToTensor()(Image.open(io.BytesIO(raw)).convert("RGB"))
+                ref = T.functional.resize(ref, [h, w], antialias=True)
+                worst = min(worst, psnr_db(b.images[k, :, :h, :w].float(), ref.float()))
+    want = [int(sub[i][1]["image_id"]) for i in range(len(sub))]
+    if sorted(seen) != sorted(want):
+        return DataCheck(
+            "data: detection", False, f"an epoch gave {len(seen)} images for {len(want)}, not each once"
+        )
+    ok = worst >= MIN_PSNR_DB
+    return DataCheck(
+        "data: detection",
+        ok,
+        f"{len(seen)} images each once, boxes inside their images, pixels {worst:.1f} dB vs PIL full decode + "
+        f"torchvision resize (bound {MIN_PSNR_DB:.0f} dB)",
+        psnr_db=worst,
+    )
