@@ -51,18 +51,17 @@ def test_listing_stats_no_file_and_keeps_image_folders_order(tmp_path, monkeypat
     from torchvision.datasets import ImageFolder
 
     root = _tree(tmp_path / "photos", 300)
-    for extra in (
-        "c0/sub/z.jpg",
-        "c0/sub-x/y.jpg",
-        "c1/a/b/c.jpg",
-    ):  # '/' sorts after '-': folder order matters
+    # '/' sorts after '-' (folder order matters); a non-ASCII name; a non-image (filtered out by both)
+    extras = ("c0/sub/z.jpg", "c0/sub-x/y.jpg", "c1/a/b/c.jpg", "c2/\u00fc-photo.jpg", "c2/readme.txt")
+    for extra in extras:
         (root / extra).parent.mkdir(parents=True, exist_ok=True)
         (root / extra).write_bytes(b"\xff\xd8")
     want = [os.path.relpath(p, root) for p, _ in ImageFolder(str(root), loader=lambda p: p).samples]
     counter = _StatCounter(monkeypatch)
     ds = JpegFolder(str(root))
     assert counter.calls < 10, f"{counter.calls} stats to list {len(ds)} files"  # folders only, not files
-    assert [p.decode() for p in ds.rel_paths] == want
+    assert [p.decode() for p in ds.rel_paths] == want and len(want) == 304
+    assert ds.path(len(ds) - 1) == str(root / want[-1]) and ds.labels[-1] == 2
 
 
 def test_the_arena_key_check_stats_folders_and_a_sample_not_every_file(tmp_path, monkeypatch):

@@ -185,9 +185,18 @@ def _digest_listing(h: Any, root: str, rel: np.ndarray, labels: np.ndarray) -> N
     h.update(rel.data)  # one buffer: no Python object per name
     h.update(np.ascontiguousarray(labels, dtype=np.int64).data)
     folders = sorted({os.path.dirname(r) for r in rel.tolist()})
-    _digest_files(h, [(f.decode() + "/", os.path.join(root, f.decode())) for f in folders])
+    _digest_files(
+        h,
+        [
+            (
+                f.decode("utf-8", "surrogateescape") + "/",
+                os.path.join(root, f.decode("utf-8", "surrogateescape")),
+            )
+            for f in folders
+        ],
+    )
     picks = np.unique(np.linspace(0, len(rel) - 1, min(len(rel), SAMPLED_FILES)).astype(np.int64))
-    sample = [rel[int(k)].decode() for k in picks] if len(rel) else []
+    sample = [rel[int(k)].decode("utf-8", "surrogateescape") for k in picks] if len(rel) else []
     _digest_files(h, [(r, os.path.join(root, r)) for r in sample])
 
 
