@@ -175,7 +175,9 @@ def pack(
 
         check_destination(dst)  # before listing millions of files
     source = list_source(src)
-    if distributed and source.detection is not None:  # its boxes-follow-resize step lives in _Run only, for now
+    if (
+        distributed and source.detection is not None
+    ):  # its boxes-follow-resize step lives in _Run only, for now
         raise PttError(
             "--distributed packs classification folders and lists; pack a detection root without --distributed."
         )

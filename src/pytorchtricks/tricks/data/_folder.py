@@ -94,8 +94,8 @@ class JpegFolder:
         if not keep.any():
             raise PttError(f"no images under {root!r}; expected {root}/<class>/<image>.jpg.")
         # one join + split in C, not one bytes object per name: fixed-width bytes, one buffer
-        names = np.array("\0".join(tree.rel).encode("utf-8", "surrogateescape").split(b"\0"))
-        self._paths = names if keep.all() else names[keep]
+        joined = np.array("\0".join(tree.rel).encode("utf-8", "surrogateescape").split(b"\0"))
+        self._paths = joined if keep.all() else joined[keep]
         labels = np.asarray(tree.labels, dtype=np.int64)
         self.labels = labels if keep.all() else labels[keep]
 
