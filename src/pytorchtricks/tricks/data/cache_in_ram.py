@@ -172,6 +172,18 @@ SAMPLED_FILES = (
 )
 
 
+def _folders(rel: np.ndarray) -> list[bytes]:
+    """The distinct parent folders of ``rel`` (fixed-width bytes paths), sorted; vectorised: no object per name."""
+    if not len(rel):
+        return []
+    grid = rel.view(np.uint8).reshape(len(rel), rel.itemsize)
+    slash = grid == ord("/")
+    last = np.where(slash.any(axis=1), rel.itemsize - 1 - np.argmax(slash[:, ::-1], axis=1), 0)
+    cut = grid.copy()
+    cut[np.arange(rel.itemsize)[None, :] >= last[:, None]] = 0  # keep what precedes the last "/"
+    return [bytes(f) for f in np.unique(cut.view(rel.dtype).reshape(-1))]
+
+
 def _digest_listing(h: Any, root: str, rel: np.ndarray, labels: np.ndarray) -> None:
     """A folder dataset's key: its listing (``rel``: relative paths as bytes, labels), each folder's mtime and a
     sample of files' sizes and mtimes.
@@ -184,7 +196,7 @@ def _digest_listing(h: Any, root: str, rel: np.ndarray, labels: np.ndarray) -> N
     h.update(f"{rel.dtype.str}{rel.shape}".encode())
     h.update(rel.data)  # one buffer: no Python object per name
     h.update(np.ascontiguousarray(labels, dtype=np.int64).data)
-    folders = sorted({os.path.dirname(r) for r in rel.tolist()})
+    folders = _folders(rel)
     _digest_files(
         h,
         [
