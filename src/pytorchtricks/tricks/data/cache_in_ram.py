@@ -7,8 +7,8 @@ When: datasets whose decoded, resized pixels fit in RAM (``/dev/shm``) or on loc
 Caveats: the admission check extrapolates from a sample of images and keeps a safety margin; if the arena would not
 fit it warns and returns the dataset unchanged (``strict=True`` raises instead). The cache stores images with their
 short side resized to ``size`` (aspect kept): random crops then come from that smaller image, not the original.
-The arena is named by a digest of the content (files' paths, sizes and mtimes, a pack's manifest, or the records'
-bytes) and the size: other data never shares it, changed data gets a new one. Before reuse it is checked (this
+The arena is named by a digest of the content (files' paths, their folders' mtimes and a sample of files' sizes and
+mtimes; a pack's manifest; or the records' bytes) and the size: other data never shares it, changed data gets a new one. Before reuse it is checked (this
 user's own, writable by no one else, checksums of metadata, index and pixels); a damaged one is rebuilt. One process
 builds under a lock the kernel drops if it dies; the others wait and map the same file. The arena outlives the
 process by design (later runs and other ranks reuse it) and holds its RAM in ``/dev/shm`` until removed: each call
@@ -387,7 +387,8 @@ def cache_in_ram(
 
     ``budget`` caps the arena in bytes (default: free space of ``cache_dir``; ``/dev/shm`` means RAM). If the
     estimated bytes x 1.3 exceed it, warns ``NoEffectWarning`` and returns ``dataset`` unchanged (or raises with
-    ``strict=True``). The arena's name is a digest of the content (a folder's file paths, sizes and mtimes; a pack's
+    ``strict=True``). The arena's name is a digest of the content (a folder's file paths, folder mtimes and 64
+    sampled files' sizes and mtimes - a file rewritten in place outside the sample is not seen; a pack's
     manifest and files; else every record's bytes) with ``size``; ``key=`` names the content instead (you vouch for it:
     for a custom dataset whose reads are costly).
     ``cache_dir`` (default ``/dev/shm/ptt-cache``) is used only when it is this user's and no one else may write
