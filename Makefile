@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -281,6 +281,14 @@ bench-compression: setup system-deps
 REMOTE_IMAGES ?= 2000
 bench-remote: setup data peers-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/remote_read.py --images $(REMOTE_IMAGES) --out $(RESULTS)
+
+# Ten million images (issue 34): every per-sample stage (listing, pack, open, loader epoch and main-process USS,
+# cache_in_ram build and reopen, inspect) at SCALE_SIZES tiny JPEGs built once under /tmp/ptt-scale, its slope and
+# the 10M projection, plus `ptt pack --distributed` at 1, 2 and 4 ranks -> $(RESULTS)/scale-<sizes>.{jsonl,md}.
+# The acceptance run adds 1000000 (about 10 GB of files and an hour on 2 cores).
+SCALE_SIZES ?= 20000 100000
+bench-scale: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/scale.py --sizes $(SCALE_SIZES) --out $(RESULTS)
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -168,3 +168,33 @@ def test_inspect_reports_problems(pack_copy, packs):
     shard.write_bytes(bytes(raw))
     bad = inspect_shards(dst)
     assert any("sha256" in p for p in bad["problems"])
+
+
+def _tar_declaring(path, size: int) -> None:
+    """A one-member tar whose header declares ``size`` bytes (GNU base-256 size field), checksum fixed up."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        info = tarfile.TarInfo("000000000.jpg")
+        info.size = 4
+        tf.addfile(info, io.BytesIO(b"\xff\xd8\xff\xe0"))
+    raw = bytearray(buf.getvalue())
+    raw[124:136] = b"\x80" + size.to_bytes(11, "big")  # base-256: what tarfile reads for sizes over 8 GiB
+    raw[148:156] = b" " * 8
+    raw[148:156] = b"%06o\0 " % sum(raw[:512])
+    path.write_bytes(bytes(raw))
+
+
+def test_a_tar_member_declaring_more_bytes_than_the_file_is_a_shard_error_before_any_allocation(tmp_path):
+    # before: MemoryError (tarfile's read allocates the declared 2**62 bytes)
+    from pytorchtricks.shards.tar_format import iter_tar_groups
+
+    path = tmp_path / "shard-000000.tar"
+    _tar_declaring(path, 2**62)
+    with pytest.raises(ShardError, match="declares 4611686018427387904 bytes") as exc:
+        list(iter_tar_groups(str(path)))
+    assert str(path) in str(exc.value)
+    _tar_declaring(path, 4)  # the same file with its true size reads
+    assert [k for k, _ in iter_tar_groups(str(path))] == ["000000000"]

@@ -43,10 +43,13 @@ def _add_pack(sub: Any) -> None:
     p.add_argument(
         "--distributed",
         action="store_true",
-        help="under torchrun: every rank encodes its share, rank 0 writes shards and index (same bytes as one process)",
+        help="under torchrun: every rank writes its own chunks' shards, rank 0 merges index and manifest "
+        "(chunk-aligned: the same bytes at any world size)",
     )
     p.add_argument(
-        "--staging-dir", default=None, help="local folder a bucket DST is packed in before the upload"
+        "--staging-dir",
+        default=None,
+        help="local folder a bucket DST is packed in before the upload (--distributed: one shard at a time)",
     )
     p.set_defaults(handler=_cmd_pack)
 

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,37 +119,49 @@ def walk_class_tree(root: str) -> ClassTree:
             skipped.append(_skip(e.name, "not in a class folder (ImageFolder layout: SRC/<class>/<image>)"))
     rel: list[str] = []
     labels: list[int] = []
-
-    def unreadable(exc: OSError) -> None:  # os.walk's onerror: a folder it cannot list
-        name = os.path.relpath(exc.filename, root) + "/" if exc.filename else "?"
-        skipped.append(
-            _skip(name, f"unreadable folder ({exc.strerror or exc}): fix its permissions and re-run")
-        )
-
     for label, cls in enumerate(classes):
-        folders = []
-        for dirpath, dirs, files in os.walk(os.path.join(root, cls), onerror=unreadable):
-            walk = []
-            for d in sorted(dirs):
-                where = os.path.relpath(os.path.join(dirpath, d), root)
-                if d.startswith("."):
-                    skipped.append(_skip(where + "/", _HIDDEN))
-                elif os.path.islink(os.path.join(dirpath, d)):
-                    skipped.append(_skip(where, "symlink to a folder: not followed (it could loop)"))
-                else:
-                    walk.append(d)
-            dirs[:] = walk
-            folders.append((dirpath, files))
-        for dirpath, files in sorted(folders):
-            for f in sorted(files):
-                p = os.path.join(dirpath, f)
-                if f.startswith("."):
-                    skipped.append(_skip(os.path.relpath(p, root), _HIDDEN))
-                else:
-                    rel.append(os.path.relpath(p, root))
-                    labels.append(label)
+        # (folder relative to root, its file names): sorted by that path below, as ImageFolder's sorted(os.walk)
+        folders: list[tuple[str, list[str]]] = []
+        _scan_folder(root, cls, folders, skipped)
+        for where, files in sorted(folders):
+            prefix = where + os.sep
+            rel.extend(prefix + f for f in files)  # concatenation: os.path.relpath would cost microseconds
+            labels.extend([label] * len(files))
     skipped.sort(key=lambda r: r["path"])
     return ClassTree(classes, rel, labels, skipped)
+
+
+def _scan_folder(
+    root: str, where: str, folders: list[tuple[str, list[str]]], skipped: list[dict[str, str]]
+) -> None:
+    """One ``os.scandir`` per folder and no stat per file (the entry's type comes with the listing): the cost of
+    listing, as torchvision's ``os.walk``. Hidden names and folder symlinks are skipped with why."""
+    try:
+        with os.scandir(os.path.join(root, where)) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        skipped.append(
+            _skip(where + "/", f"unreadable folder ({exc.strerror or exc}): fix its permissions and re-run")
+        )
+        return
+    files, subdirs = [], []
+    for e in entries:
+        name = e.name
+        try:
+            is_dir = e.is_dir()
+        except OSError:  # a dangling or unreadable entry: listed as a file (the reader rejects it with why)
+            is_dir = False
+        if name.startswith("."):
+            skipped.append(_skip(where + os.sep + name + ("/" if is_dir else ""), _HIDDEN))
+        elif not is_dir:
+            files.append(name)
+        elif e.is_symlink():
+            skipped.append(_skip(where + os.sep + name, "symlink to a folder: not followed (it could loop)"))
+        else:
+            subdirs.append(name)
+    folders.append((where, files))
+    for d in subdirs:
+        _scan_folder(root, where + os.sep + d, folders, skipped)
 
 
 def _list_detection(src: str) -> Source:
@@ -390,9 +403,14 @@ def process_item(job: tuple[int, str, dict[str, Any]]) -> tuple[int, str, Any, A
         _check_pixels(data, kind, int(opts.get("max_pixels") or MAX_PIXELS))
         return (i, *_encode(data, kind, opts), nbytes)
     except _Reject as exc:
-        return i, "reject", None, str(exc), nbytes
+        return i, "reject", None, _no_address(str(exc)), nbytes
     except Exception as exc:  # any decoder failure is a reject with its reason, never a crash mid-pack
-        return i, "reject", None, f"not decodable: {exc}", nbytes
+        return i, "reject", None, _no_address(f"not decodable: {exc}"), nbytes
+
+
+def _no_address(reason: str) -> str:
+    """The reason without memory addresses (Pillow names its BytesIO "at 0x7f..."): same file, same pack bytes."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", reason)
 
 
 def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any]:

@@ -225,6 +225,10 @@ class ShardStream(torch.utils.data.IterableDataset):
             if self.format == "ptt":  # counts, shard order and class histogram, before any sample is read
                 layout.check_index(self.root, m, layout.load_index(self.root, int(self._counts.sum())))
         self._first = np.concatenate([[0], np.cumsum(self._counts)])[:-1]
+        # the key of each shard's first sample: counted over the pack, or listed (a --distributed pack's first_key)
+        listed = [e.get("first_key") for e in self._entries]
+        ok = bool(listed) and all(isinstance(k, int) for k in listed)
+        self._key0 = np.asarray(listed, dtype=np.int64) if ok else self._first
         self._index: np.ndarray | None = None
         self._pid: int | None = None
 
@@ -519,9 +523,9 @@ class ShardStream(torch.utils.data.IterableDataset):
                             path=path,
                             record=j + 1,
                         )
-                    if ours and key != f"{int(self._first[s]) + j:09d}":  # keys count samples over the pack
+                    if ours and key != f"{int(self._key0[s]) + j:09d}":  # consecutive within a shard
                         raise ShardError(  # caught below: the rest of the shard is refused
-                            f"sample key {key!r} where the manifest puts sample {int(self._first[s]) + j}: shards "
+                            f"sample key {key!r} where the manifest puts key {int(self._key0[s]) + j}: shards "
                             "swapped, replaced or reordered (restore them or re-run `ptt pack`)",
                             path=path,
                             record=j,

@@ -105,11 +105,19 @@ def iter_tar_groups(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
     key: str | None = None
     group: dict[str, bytes] = {}
     with open_regular(path) as raw:
+        size = os.fstat(raw.fileno()).st_size
         try:
             with tarfile.open(fileobj=raw, mode="r:") as tf:
                 for m in tf:
                     if not m.isfile():
                         continue
+                    if m.offset_data + m.size > size:  # checked before the read allocates m.size bytes
+                        raise ShardError(
+                            f"member {m.name!r} declares {m.size} bytes at byte {m.offset_data}, past the end of "
+                            f"the {size}-byte file: truncated or corrupt (restore or re-pack it)",
+                            path=path,
+                            record=n,
+                        )
                     k, ext = split_key(m.name)
                     if k != key and key is not None:
                         yield key, group

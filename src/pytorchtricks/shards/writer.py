@@ -17,7 +17,6 @@ import os
 import shutil
 import urllib.parse
 import warnings
-from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -122,10 +121,12 @@ def pack(
     ``dst`` may be a bucket URL (``s3://bucket/pack``, ``gs://``, ``az://``): the pack is written to a local
     staging folder (``staging_dir``, default under the shard cache; resumable as usual), then uploaded one atomic
     object at a time, the manifest last; a re-run skips what is already there (by sha256 and size).
-    ``distributed=True`` under ``torchrun``: every rank decodes/resizes/encodes its share of the files into spool
-    chunks beside ``dst`` (``spool``), then rank 0 writes shards, index and manifest after a barrier: the same
-    bytes as a single-process pack; re-run the same command to resume. Across nodes ``dst`` must be shared
-    storage (a bucket, or a filesystem every node mounts).
+    ``distributed=True`` under ``torchrun``: the listing is cut into chunks and every rank writes the shards of
+    its own chunks (``shards/chunked.py``); rank 0 then merges the small chunk records into index and manifest.
+    Shards never span two chunks, so the pack is the same bytes at any world size (not the single-process pack's:
+    its shards close only at ``shard_size``). A bucket ``dst`` receives each shard as it is finished (one shard
+    staged at a time per rank). Re-run the same command to resume (at any world size). Across nodes ``dst`` must be
+    shared storage (a bucket, or a filesystem every node mounts). Not for ``format="lmdb"`` (one database).
 
     Args:
         format: ``ptt`` (indexed, random access), ``tar`` (WebDataset) or ``lmdb``.
@@ -174,6 +175,12 @@ def pack(
 
         check_destination(dst)  # before listing millions of files
     source = list_source(src)
+    if (
+        distributed and source.detection is not None
+    ):  # its boxes-follow-resize step lives in _Run only, for now
+        raise PttError(
+            "--distributed packs classification folders and lists; pack a detection root without --distributed."
+        )
     opts = {
         "format": format,
         "resize": resize,
@@ -183,6 +190,13 @@ def pack(
         "max_pixels": int(max_pixels),
     }
     options = {**opts, "shard_size": limit, "shuffle": bool(shuffle), "seed": int(seed)}
+    if distributed:  # chunk-aligned shards (shards/chunked.py): another pack than the single-process one
+        if format == "lmdb":
+            raise PttError(
+                "--distributed writes each chunk's shards in the rank that owns it; an LMDB pack is one database "
+                "that one process writes: pack with --format ptt or tar, or without --distributed."
+            )
+        options["layout"] = "chunks"
     # defaults stay out of the digest: packs made before these existed keep theirs
     if options["max_pixels"] == MAX_PIXELS:
         del options["max_pixels"]
@@ -199,10 +213,10 @@ def pack(
     plan = _Plan(source, opts, options, digest, limit, shuffle, seed, workers, strict, verify, progress)
     if dst.lower().startswith("file://"):
         dst = urllib.parse.unquote(urllib.parse.urlsplit(dst).path)
-    if is_url(dst):
-        return _pack_to_url(plan, dst, staging_dir, distributed)
     if distributed:
-        return _pack_distributed(plan, dst, dst)
+        return _pack_distributed(plan, dst, staging_dir)
+    if is_url(dst):
+        return _pack_to_url(plan, dst, staging_dir)
     return _pack_local(plan, dst)
 
 
@@ -229,8 +243,14 @@ class _Plan:
         return self.workers if self.workers is not None else os.cpu_count() or 1
 
 
-def _pack_to_url(plan: _Plan, url: str, staging_dir: Any, distributed: bool) -> dict[str, Any]:
+def _staging(url: str, staging_dir: Any) -> str:
     from pytorchtricks.shards.cache import default_cache_dir
+
+    key = hashlib.sha256(scrub_url(url).encode()).hexdigest()[:16]
+    return os.fspath(staging_dir or os.path.join(default_cache_dir(), "staging", key))
+
+
+def _pack_to_url(plan: _Plan, url: str, staging_dir: Any) -> dict[str, Any]:
     from pytorchtricks.shards.upload import check_destination, remote_manifest, upload_pack
 
     check_destination(url)
@@ -242,23 +262,22 @@ def _pack_to_url(plan: _Plan, url: str, staging_dir: Any, distributed: bool) -> 
         return there
     if there is not None:
         raise PttError(f"{scrub_url(url)} already holds a different pack; choose another DST or delete it.")
-    key = hashlib.sha256(scrub_url(url).encode()).hexdigest()[:16]
-    staging = os.fspath(staging_dir or os.path.join(default_cache_dir(), "staging", key))
-    if distributed:
-        return _pack_distributed(plan, staging, url)
+    staging = _staging(url, staging_dir)
     summary = _pack_local(plan, staging)
     upload_pack(staging, url)
     return summary
 
 
-def _pack_distributed(plan: _Plan, local: str, dst: str) -> dict[str, Any]:
-    """Every rank encodes its chunks into the spool at ``dst``; rank 0 assembles into ``local`` (and uploads)."""
+def _pack_distributed(plan: _Plan, dst: str, staging_dir: Any) -> dict[str, Any]:
+    """Under torchrun: every rank writes the shards of its own chunks into ``dst`` (``shards/chunked.py``), then
+    rank 0 merges the chunk records into the index and the manifest. Returns the manifest, on every rank, with
+    ``"rank_stats"``: what this rank wrote (chunks, files, shard bytes, seconds) and, on rank 0, ``merge_s``."""
     import datetime
 
     import torch.distributed as dist
 
-    from pytorchtricks.shards import spool
-    from pytorchtricks.shards.remote import is_url as _is_url
+    from pytorchtricks.clock import now_s
+    from pytorchtricks.shards import chunked
 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing and not dist.is_initialized():
@@ -270,59 +289,42 @@ def _pack_distributed(plan: _Plan, local: str, dst: str) -> dict[str, Any]:
     if own_group:  # packing shards for hours before the barrier: a long timeout
         dist.init_process_group("gloo", timeout=datetime.timedelta(days=1))
     rank, world = dist.get_rank(), dist.get_world_size()
-    summary: dict[str, Any] = {}
+    # a bucket's shards are staged one at a time per rank, then PUT; a local pack is written in place
+    staging = _staging(dst, staging_dir) if is_url(dst) else os.path.join(dst, ".pack-staging")
+    target = chunked.Target(dst, os.path.join(staging, f"rank{rank}"))
     try:
-        done = None if _is_url(dst) else layout.read_manifest_if_complete(dst)
-        if done is None or done.get("digest") != plan.digest:
-            where = spool.spool_dir(dst, plan.digest)
-            if not _is_url(where):
-                os.makedirs(where, exist_ok=True)
+        done = target.manifest()
+        if done is not None and done.get("digest") != plan.digest:
+            raise PttError(
+                f"{scrub_url(dst)} already holds a different pack; choose another DST or delete it."
+            )
+        if done is not None and rank == 0:
+            chunked.clean(target, done)  # a kill between the manifest and the clean-up left chunk records
+        stats: dict[str, Any] = {"rank": rank, "world": world, "chunks": 0, "files": 0, "shard_bytes": 0}
+        if done is None:
             n = len(plan.source.paths)
             order = _order(n, plan.shuffle, plan.seed)
-            size = spool.chunk_items(n)
-            tmp_dir = os.path.join(local, ".spool-tmp")
-            for c in range(rank, -(-n // size), world):
-                path = spool.chunk_path(where, c)
-                if not spool.exists(path):  # an existing chunk is complete (renamed or PUT atomically)
-                    jobs = plan.jobs(order, c * size, min(n, (c + 1) * size))
-                    results = ordered_map(process_item, jobs, plan.n_workers(), _died([]))
-                    try:
-                        spool.write_chunk(path, results, tmp_dir)
-                    finally:
-                        results.close()
+            t0 = now_s()
+            stats.update(chunked.write_chunks(plan, order, target, rank, world, _died([])))
+            stats["write_s"] = now_s() - t0
             dist.barrier()
             if rank == 0:
-                summary = _pack_local(plan, local, spooled=(where, size))
-                if _is_url(dst):
-                    from pytorchtricks.shards.upload import upload_pack
-
-                    upload_pack(local, dst)
-                spool.remove_dir(where)
-                shutil.rmtree(tmp_dir, ignore_errors=True)
+                t0 = now_s()
+                chunked.merge_chunks(plan, n, target)
+                stats["merge_s"] = now_s() - t0
         dist.barrier()
-        if rank == 0 and done is None:
-            return summary
-        if _is_url(dst):
-            from pytorchtricks.shards.upload import remote_manifest
-
-            return remote_manifest(dst) or {}
-        return layout.load_manifest(dst)
+        manifest = target.manifest()
+        if manifest is None:
+            raise PttError(f"rank 0 did not finish {scrub_url(dst)}: run the same command again.")
+        return {**manifest, "rank_stats": stats}
     finally:
+        shutil.rmtree(target.staging, ignore_errors=True)
         if own_group:
             dist.destroy_process_group()
 
 
-def _spooled_results(where: str, size: int, start: int, n: int) -> Generator[tuple[Any, ...], None, None]:
-    from pytorchtricks.shards import spool
-
-    for c in range(start // size, -(-n // size)):
-        for j, res in enumerate(spool.read_chunk(spool.chunk_path(where, c))):
-            if c * size + j >= start:
-                yield res
-
-
-def _pack_local(plan: _Plan, dst: str, spooled: tuple[str, int] | None = None) -> dict[str, Any]:
-    """The single-process pack into the local folder ``dst`` (results from workers, or from a spool)."""
+def _pack_local(plan: _Plan, dst: str) -> dict[str, Any]:
+    """The single-process pack into the local folder ``dst``."""
     source, opts, options, digest, limit = plan.source, plan.opts, plan.options, plan.digest, plan.limit
     format, verify, progress, strict = opts["format"], plan.verify, plan.progress, plan.strict
     done = layout.read_manifest_if_complete(dst)
@@ -351,12 +353,9 @@ def _pack_local(plan: _Plan, dst: str, spooled: tuple[str, int] | None = None) -
         run.resize = (opts.get("resize"), opts.get("max_side"))
         order = _order(len(source.paths), plan.shuffle, plan.seed)
         start = journal.shards[-1]["src_end"] if journal.shards else 0
-        if spooled is not None:
-            results = _spooled_results(spooled[0], spooled[1], start, len(order))
-        else:
-            results = ordered_map(
-                process_item, plan.jobs(order, start, len(order)), plan.n_workers(), _died(journal.shards)
-            )
+        results = ordered_map(
+            process_item, plan.jobs(order, start, len(order)), plan.n_workers(), _died(journal.shards)
+        )
         with _progress(progress, len(order), start) as bar:
             for k, res in zip(range(start, len(order)), results, strict=True):
                 run.add(k, res)

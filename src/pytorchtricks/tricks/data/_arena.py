@@ -85,11 +85,24 @@ class ArenaWriter:
         self._fh = open(os.path.join(tmp, "arena.u8"), "wb")  # noqa: SIM115 - closed by finish / close
 
     def add(self, i: int, arr: np.ndarray, label: int) -> None:
-        data = np.ascontiguousarray(arr, dtype=np.uint8).reshape(-1).data  # 1-D bytes, no copy
-        self._fh.write(data)
-        self.index[i] = (self.offset, arr.shape[0], arr.shape[1], label)
+        arr = np.ascontiguousarray(arr, dtype=np.uint8)
+        self.add_batch(i, arr.reshape(-1), np.asarray([arr.shape[:2]]), np.asarray([label]))
+
+    def add_batch(self, i: int, pixels: np.ndarray, shapes: np.ndarray, labels: np.ndarray) -> None:
+        """Images ``i, i + 1, ...``: their HxWx3 pixels back to back in ``pixels``, ``shapes`` [k, 2] (h, w)."""
+        data = np.ascontiguousarray(pixels, dtype=np.uint8).reshape(-1).data  # 1-D bytes, no copy
+        sizes = shapes[:, 0].astype(np.int64) * shapes[:, 1] * 3
+        if int(sizes.sum()) != len(data):
+            raise ValueError(
+                f"images {i}..: shapes give {int(sizes.sum())} bytes, the buffer holds {len(data)}"
+            )
+        k = len(labels)
+        self.index[i : i + k, 0] = self.offset + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self.index[i : i + k, 1:3] = shapes
+        self.index[i : i + k, 3] = labels
+        self._fh.write(data)  # one write per batch
         self.offset += len(data)
-        while len(data):  # the running CRC32 of each 4 MiB block; an image may straddle blocks
+        while len(data):  # the running CRC32 of each 4 MiB block; a batch may straddle blocks
             take = min(len(data), BLOCK_BYTES - self._in_block)
             self._crc, self._in_block, data = (
                 zlib.crc32(data[:take], self._crc),

@@ -88,19 +88,27 @@ class JpegFolder:
         self.root = root
         tree = walk_class_tree(root)
         self.classes = tree.classes
-        images = [k for k, r in enumerate(tree.rel) if r.lower().endswith(IMAGE_EXTENSIONS)]
-        paths = [tree.rel[k] for k in images]
-        labels = [tree.labels[k] for k in images]
-        if not paths:
+        keep = np.fromiter(
+            (r.lower().endswith(IMAGE_EXTENSIONS) for r in tree.rel), dtype=bool, count=len(tree.rel)
+        )
+        if not keep.any():
             raise PttError(f"no images under {root!r}; expected {root}/<class>/<image>.jpg.")
-        self._paths = np.array([p.encode() for p in paths])  # fixed-width bytes: one buffer
-        self.labels = np.asarray(labels, dtype=np.int64)
+        # one join + split in C, not one bytes object per name: fixed-width bytes, one buffer
+        joined = np.array("\0".join(tree.rel).encode("utf-8", "surrogateescape").split(b"\0"))
+        self._paths = joined if keep.all() else joined[keep]
+        labels = np.asarray(tree.labels, dtype=np.int64)
+        self.labels = labels if keep.all() else labels[keep]
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def rel_paths(self) -> np.ndarray:
+        """Each sample's path relative to ``root``, as one fixed-width bytes array (``np.bytes_``)."""
+        return self._paths
+
     def path(self, i: int) -> str:
-        return os.path.join(self.root, self._paths[i].decode())
+        return os.path.join(self.root, self._paths[i].decode("utf-8", "surrogateescape"))
 
     def read_raw(self, i: int) -> tuple[bytes, int, dict[str, Any]]:
         with open(self.path(i), "rb") as fh:

@@ -7,8 +7,8 @@ When: datasets whose decoded, resized pixels fit in RAM (``/dev/shm``) or on loc
 Caveats: the admission check extrapolates from a sample of images and keeps a safety margin; if the arena would not
 fit it warns and returns the dataset unchanged (``strict=True`` raises instead). The cache stores images with their
 short side resized to ``size`` (aspect kept): random crops then come from that smaller image, not the original.
-The arena is named by a digest of the content (files' paths, sizes and mtimes, a pack's manifest, or the records'
-bytes) and the size: other data never shares it, changed data gets a new one. Before reuse it is checked (this
+The arena is named by a digest of the content (files' paths, their folders' mtimes and a sample of files' sizes and
+mtimes; a pack's manifest; or the records' bytes) and the size: other data never shares it, changed data gets a new one. Before reuse it is checked (this
 user's own, writable by no one else, checksums of metadata, index and pixels); a damaged one is rebuilt. One process
 builds under a lock the kernel drops if it dies; the others wait and map the same file. The arena outlives the
 process by design (later runs and other ranks reuse it) and holds its RAM in ``/dev/shm`` until removed: each call
@@ -167,11 +167,57 @@ def _digest_files(h: Any, files: list[tuple[str, str]]) -> None:
         h.update(f"{shown}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
 
 
+SAMPLED_FILES = (
+    64  # files of a folder dataset whose size and mtime join its key, spread evenly over the listing
+)
+
+
+def _folders(rel: np.ndarray) -> list[bytes]:
+    """The distinct parent folders of ``rel`` (fixed-width bytes paths), sorted; vectorised: no object per name."""
+    if not len(rel):
+        return []
+    grid = rel.view(np.uint8).reshape(len(rel), rel.itemsize)
+    slash = grid == ord("/")
+    last = np.where(slash.any(axis=1), rel.itemsize - 1 - np.argmax(slash[:, ::-1], axis=1), 0)
+    cut = grid.copy()
+    cut[np.arange(rel.itemsize)[None, :] >= last[:, None]] = 0  # keep what precedes the last "/"
+    return [bytes(f) for f in np.unique(cut.view(rel.dtype).reshape(-1))]
+
+
+def _digest_listing(h: Any, root: str, rel: np.ndarray, labels: np.ndarray) -> None:
+    """A folder dataset's key: its listing (``rel``: relative paths as bytes, labels), each folder's mtime and a
+    sample of files' sizes and mtimes.
+
+    O(#folders) stats, not one per file (a million stats is seconds per call, per rank): adding, removing or
+    renaming a file changes its folder's mtime; a file rewritten in place under its old name is caught when it is
+    one of the ``SAMPLED_FILES`` (evenly spaced) - else pass ``key=`` or remove the arena (``remove_arenas``).
+    """
+    rel = np.ascontiguousarray(rel.astype(np.bytes_))
+    h.update(f"{rel.dtype.str}{rel.shape}".encode())
+    h.update(rel.data)  # one buffer: no Python object per name
+    h.update(np.ascontiguousarray(labels, dtype=np.int64).data)
+    folders = _folders(rel)
+    _digest_files(
+        h,
+        [
+            (
+                f.decode("utf-8", "surrogateescape") + "/",
+                os.path.join(root, f.decode("utf-8", "surrogateescape")),
+            )
+            for f in folders
+        ],
+    )
+    picks = np.unique(np.linspace(0, len(rel) - 1, min(len(rel), SAMPLED_FILES)).astype(np.int64))
+    sample = [rel[int(k)].decode("utf-8", "surrogateescape") for k in picks] if len(rel) else []
+    _digest_files(h, [(r, os.path.join(root, r)) for r in sample])
+
+
 def _content(dataset: Any, size: int | None, key: str | None) -> str:
     """The digest of what the arena holds, the same in every process (workers, DDP ranks, later runs).
 
-    ``key=`` names the content itself (the caller vouches for it). A ``JpegFolder``: its root and each file's
-    path, size, mtime and label; torchvision's ImageFolder likewise from its ``samples``. A pack (``ShardDataset``: a ``path`` holding ``manifest.json``): the manifest's bytes
+    ``key=`` names the content itself (the caller vouches for it). A ``JpegFolder``: its root, each file's
+    path and label, each folder's mtime and a sample of files' sizes and mtimes (``_digest_listing``: no stat per
+    file); torchvision's ImageFolder likewise from its ``samples``. A pack (``ShardDataset``: a ``path`` holding ``manifest.json``): the manifest's bytes
     and each file's size and mtime. Anything else (in-memory lists, custom datasets): every record's bytes, read
     once; SHA-256 runs ~1 GB/s, cheap next to decoding (a dataset whose reads are costly can pass ``key=``). The
     size, the decoder and the arena format are always part of it. A dataset's own ``transform`` is not (a repr
@@ -189,13 +235,13 @@ def _content(dataset: Any, size: int | None, key: str | None) -> str:
     elif isinstance(dataset, JpegFolder):
         root = os.path.abspath(dataset.root)
         h.update(f"folder:{kind}:{root}\n".encode())
-        h.update(np.ascontiguousarray(dataset.labels, dtype=np.int64).data)
-        _digest_files(h, [(os.path.relpath(p, root), p) for p in map(dataset.path, range(len(dataset)))])
+        _digest_listing(h, root, dataset.rel_paths, dataset.labels)
     elif pairs is not None:  # torchvision's ImageFolder / DatasetFolder: (path, label) pairs
         root = os.path.abspath(str(getattr(dataset, "root", "") or "/"))
         h.update(f"samples:{kind}:{root}\n".encode())
-        h.update(np.asarray([label for _, label in pairs], dtype=np.int64).data)
-        _digest_files(h, [(os.path.relpath(os.path.abspath(p), root), p) for p, _ in pairs])
+        labels = np.asarray([label for _, label in pairs], dtype=np.int64)
+        names = [os.path.relpath(os.path.abspath(p), root).encode() for p, _ in pairs]
+        _digest_listing(h, root, np.array(names), labels)
     elif pack and os.path.isfile(os.path.join(pack, "manifest.json")):
         with open(os.path.join(pack, "manifest.json"), "rb") as fh:
             h.update(f"pack:{kind}:{pack}\n".encode() + fh.read())
@@ -252,6 +298,11 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+BUILD_BATCH = (
+    64  # images per worker task: one shared-memory buffer and one pickle per 64 images, not per image
+)
+
+
 def _build(
     dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int, source: str, content: str
 ) -> None:
@@ -260,18 +311,20 @@ def _build(
         tmp, 0o700
     )  # private whatever the umask; under the build lock, after clear_builds: never there yet
     loader = torch.utils.data.DataLoader(
-        _DecodeAll(dataset, size),
+        _DecodeBatches(dataset, size, BUILD_BATCH),
         batch_size=None,
         num_workers=num_workers,
-        prefetch_factor=8 if num_workers else None,
+        prefetch_factor=2 if num_workers else None,
     )
     writer = ArenaWriter(tmp, len(dataset))
     try:
-        for i, (arr, label) in enumerate(loader):
-            arr = arr.numpy() if isinstance(arr, torch.Tensor) else arr
-            if writer.offset + arr.nbytes > limit_bytes:
-                raise MemoryError(f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB at image {i}")
-            writer.add(i, arr, int(label))
+        for b, (pixels, shapes, labels) in enumerate(loader):
+            if writer.offset + pixels.numel() > limit_bytes:
+                raise MemoryError(
+                    f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB in images "
+                    f"{b * BUILD_BATCH}..{b * BUILD_BATCH + len(labels) - 1}"
+                )
+            writer.add_batch(b * BUILD_BATCH, pixels.numpy(), shapes.numpy(), labels.numpy())
         writer.finish(size, source, content)
         os.replace(tmp, final)  # atomic: readers see a complete arena or none
     finally:
@@ -292,17 +345,29 @@ def _open(final: str, verify: Verify, content: str, *, discard_bad: bool) -> Cac
         return None
 
 
-class _DecodeAll(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, dataset: Any, size: int | None) -> None:
-        self.dataset, self.size = dataset, size
+class _DecodeBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Item ``b``: images ``b * batch ..`` decoded, as (pixels back to back uint8 [bytes], shapes [k, 2], labels [k]).
+
+    A whole batch per task: the worker hands one buffer through shared memory instead of one tensor (one shared
+    memory file, one pickle, one queue message) per image, and the writer appends it with one write.
+    """
+
+    def __init__(self, dataset: Any, size: int | None, batch: int) -> None:
+        self.dataset, self.size, self.batch = dataset, size, batch
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return -(-len(self.dataset) // self.batch)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        raw, label = read_item(self.dataset, i)
-        arr = _decoded(raw, self.size)
-        return torch.from_numpy(arr if arr.flags.writeable else arr.copy()), label
+    def __getitem__(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lo, hi = b * self.batch, min(len(self.dataset), (b + 1) * self.batch)
+        arrays, labels = [], []
+        for i in range(lo, hi):
+            raw, label = read_item(self.dataset, i)
+            arrays.append(_decoded(raw, self.size))
+            labels.append(label)
+        shapes = torch.tensor([a.shape[:2] for a in arrays], dtype=torch.int64).reshape(-1, 2)
+        pixels = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
+        return pixels, shapes, torch.tensor(labels, dtype=torch.int64)
 
 
 def cache_in_ram(
@@ -322,7 +387,8 @@ def cache_in_ram(
 
     ``budget`` caps the arena in bytes (default: free space of ``cache_dir``; ``/dev/shm`` means RAM). If the
     estimated bytes x 1.3 exceed it, warns ``NoEffectWarning`` and returns ``dataset`` unchanged (or raises with
-    ``strict=True``). The arena's name is a digest of the content (a folder's file paths, sizes and mtimes; a pack's
+    ``strict=True``). The arena's name is a digest of the content (a folder's file paths, folder mtimes and 64
+    sampled files' sizes and mtimes - a file rewritten in place outside the sample is not seen; a pack's
     manifest and files; else every record's bytes) with ``size``; ``key=`` names the content instead (you vouch for it:
     for a custom dataset whose reads are costly).
     ``cache_dir`` (default ``/dev/shm/ptt-cache``) is used only when it is this user's and no one else may write
