@@ -130,8 +130,8 @@ def _uniform(base: nn.Module, x: torch.Tensor, budget: int) -> tuple[nn.Module |
         return probes[n]
 
     lo, hi = 1, len(blocks)
-    if peak(hi) > budget:
-        return None, len(blocks), len(blocks), list(probes.values())
+    if peak(hi) > budget:  # out of reach: every block checkpointed, marked not fitting
+        return build(hi), len(blocks), len(blocks), list(probes.values())
     while lo < hi:
         mid = (lo + hi) // 2
         if peak(mid) <= budget:
@@ -180,15 +180,21 @@ def run_model(name: str, make: Callable[[], nn.Module], x: torch.Tensor, size: s
             plan = ptt.checkpoint_plan(ours)
             variants["ptt"] = ours
             info["ptt"] = {"plan": str(plan), "regions": plan.regions, "plan_s": now_s() - t0}
-        except ptt.PttError as exc:
-            info["ptt"] = {"error": str(exc), "plan_s": now_s() - t0}
+        except (
+            ptt.PttError
+        ) as exc:  # the budget is out of reach: the lowest peak it plans, marked not fitting
+            ours = ptt.checkpoint_activations_(copy.deepcopy(base), budget="min", example_inputs=x)
+            plan = ptt.checkpoint_plan(ours)
+            variants["ptt"] = ours
+            info["ptt"] = {
+                "error": str(exc),
+                "plan": str(plan),
+                "regions": plan.regions,
+                "plan_s": now_s() - t0,
+            }
         um, n, of, probes = _uniform(base, x, budget)
         info["uniform"] = {"blocks_checkpointed": n, "blocks": of, "probe_peaks_bytes": probes}
-        if um is None:
-            info["uniform"]["error"] = (
-                f"checkpointing all {of} blocks does not fit ({min(probes) / MiB:.0f} MiB)"
-            )
-        else:
+        if um is not None:
             variants["uniform"] = um
         if args.compile:
             cm, err, secs = _compiled(base, x, share)
@@ -249,10 +255,16 @@ def _line(r: dict) -> str:
 
 
 def _note(r: dict) -> str:
+    if r["method"] == "ptt" and "error" in r:
+        return "budget out of reach; the lowest-peak plan: " + _regions(r)
     if r["method"] == "uniform":
         return f"{r['blocks_checkpointed']} of {r['blocks']} blocks"
     if r["method"] == "compile":
         return f"compile {r['compile_s']:.0f} s"
+    return _regions(r)
+
+
+def _regions(r: dict) -> str:
     return f"{len(r['regions'])} regions: " + ", ".join(f"{n} {m[:3]}" for n, m, *_ in r["regions"])[:200]
 
 
