@@ -177,3 +177,16 @@ def test_inplace_on_input_is_not_a_region() -> None:
         "body",
         "modifies its input in place (a recomputation would start from the changed input)",
     ) in plan.skipped
+
+
+def test_memory_breakdown_lists_what_the_plan_frees_region_by_region() -> None:
+    x = torch.randn(16, 3, 32, 32)
+    ref = _net()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget="min", example_inputs=x)
+    got = ptt.memory_breakdown(m, x)
+    base = ptt.memory_breakdown(ref, x)
+    plan = ptt.checkpoint_plan(m)
+    assert got.checkpoint_regions == plan.regions and got.checkpoint_regions
+    assert "checkpointed:" in str(got) and plan.regions[0][0] in str(got)
+    assert got.measured_peak_bytes < base.measured_peak_bytes  # the plan's saving, seen by the step's meter
+    assert not base.checkpoint_regions
