@@ -448,11 +448,22 @@ def _measure(
     if not timed:
         return
     prog.phase(f"measure the speed of {len(timed)} configurations (interleaved)", None)
-    variants = {"baseline": ()} | {p.label: p.tricks for p in timed}
-    meas, _ = measure_variants(w, variants, step_s=steps, budget_s=share, memory=False, batches=batches)
+    meas = speed_run(w, {p.label: p.tricks for p in timed}, batches, base_step, share)
     search.points[0].measured = meas["baseline"]
     for p in timed:
         p.measured = meas[p.label]
+
+
+def speed_run(
+    w: Workload, configs: dict[str, tuple[str, ...]], batches: list[Any], base_step_s: float, budget_s: float
+) -> dict[str, Measured]:
+    """The speed of ``configs`` and the baseline, interleaved, on the staged batches (the compute step): the one
+    measurement both the search and ``apply.py --check`` make, with the same block plan (a configuration's step
+    expected at 1.3x the baseline's)."""
+    steps = {"baseline": base_step_s} | {k: base_step_s * (1.3 if t else 1) for k, t in configs.items()}
+    variants = {"baseline": ()} | configs
+    meas, _ = measure_variants(w, variants, step_s=steps, budget_s=budget_s, memory=False, batches=batches)
+    return meas
 
 
 def _final_check_s(step_s: float) -> float:
