@@ -1,20 +1,23 @@
 """Activation checkpointing of a chain of blocks, planned from measured bytes, safe with BatchNorm and dropout.
 
-Why: a training step keeps every activation autograd saves until backward; recomputing segments of the network
-during backward instead keeps only the segment inputs: O(sqrt N) activation memory for one extra forward
-(Chen et al. 2016). This plans the segments from the bytes each block actually saves (measured once with
-``SavedTensorMeter``): by default the uniform segmentation with the lowest modeled peak (Chen's sqrt(N) rule,
-generalised to blocks whose saved bytes differ from their input bytes), or, with ``budget_bytes``, the plan with the
-least recomputation whose modeled activation peak fits the budget. ``checkpoint_plan(model)`` reports planned vs
-measured saved bytes and activation peak.
+Why: a training step keeps every activation autograd saves until backward; recomputing parts of the network during
+backward instead keeps only their inputs (Chen et al. 2016: O(sqrt N) memory for one extra forward). With
+``budget=`` (bytes of forward + backward activation peak, a share of the untreated peak, or "min") this plans over
+the whole module tree: submodules and runs of consecutive siblings (a ResNet's stem, from an fx trace of each
+parent), each recomputed fully or selectively (SAC policy: keep convolution/matmul/attention outputs, recompute
+BatchNorm, activations, elementwise ops, pooling), costs measured on the batch (saved-tensor hooks, per-op times),
+the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
+Without it, the chain planner: segments of the longest ``nn.Sequential`` from measured per-block bytes (Chen's
+sqrt(N) rule generalised, or ``budget_bytes`` with the least recomputation). ``checkpoint_plan(model)`` reports
+planned vs measured bytes.
 When: models whose activations, not weights, exhaust memory (deep nets, large batches or resolutions).
-Caveats: costs ~one extra forward of the checkpointed blocks (+30-50% step time measured here). Always
-``use_reentrant=False``; RNG state is preserved so dropout masks match; BatchNorm layers inside a checkpoint run
-with batch statistics but do NOT update running stats or ``num_batches_tracked`` during recomputation (the plain
-recompute would update them twice). Planning happens at the first training forward (one extra forward of the
-chain block by block, one probe forward+backward of the chain; buffers and RNG restored) unless
-``example_inputs`` is given. A ModuleList chain (forward owned by its parent) is checkpointed block by block.
-See also: to_inplace_abn_, accumulate_gradients, estimate_memory, 节省显存 / 梯度检查点.
+Caveats: costs up to ~one extra forward of what is recomputed. Always ``use_reentrant=False``; RNG state is
+preserved so dropout masks match; BatchNorm layers inside a checkpoint run with batch statistics but do NOT update
+running stats or ``num_batches_tracked`` during recomputation (the plain recompute would update them twice). A
+module that modifies its own input in place is not a region. The floor is the backward of the largest layer (the
+stem of a CNN). Planning happens at the first training forward (a few forwards and forward+backwards, buffers and
+RNG restored) unless ``example_inputs`` is given. A ModuleList chain is checkpointed block by block.
+See also: to_inplace_abn_, accumulate_gradients, estimate_memory, memory_breakdown, 节省显存 / 梯度检查点.
 """
 
 from __future__ import annotations
