@@ -190,3 +190,25 @@ def test_memory_breakdown_lists_what_the_plan_frees_region_by_region() -> None:
     assert "checkpointed:" in str(got) and plan.regions[0][0] in str(got)
     assert got.measured_peak_bytes < base.measured_peak_bytes  # the plan's saving, seen by the step's meter
     assert not base.checkpoint_regions
+
+
+@pytest.mark.slow  # ~5 s alone, ~11 s beside a benchmark on 2 cores
+def test_resnet18_train_mode_exact_and_within_budget() -> None:
+    """torchvision's ResNet-18, BatchNorm in train mode: the stem is planned as a run, the update of one SGD step,
+    the gradients and the running statistics equal the untreated model's, the measured activation peak fits."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    ref = tv.models.resnet18(num_classes=10)
+    x = torch.randn(8, 3, 64, 64)
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget=0.85, example_inputs=x)
+    plan = ptt.checkpoint_plan(m)
+    assert plan.measured_peak_bytes <= 0.85 * plan.untreated_peak_bytes, str(plan)
+    assert any(name.startswith("conv1..") for name, *_ in plan.regions), plan.table()  # the stem, as one run
+    for model in (ref, m):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        torch.nn.functional.cross_entropy(model(x), torch.arange(8)).backward()
+        opt.step()
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(
+            b, a, msg=k
+        )  # weights after the update, BN running stats, num_batches_tracked
