@@ -96,13 +96,14 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
         target = budget
         for attempt in range(1, ATTEMPTS + 1):
             choice = plan_regions(tree, saved, excess, target)
+            lowest = (
+                choice is None
+            )  # out of reach by the model: the lowest-peak plan is measured before saying so
+            if lowest:
+                choice = plan_regions(tree, saved, excess, None)
             if choice is None:
-                low = plan_regions(tree, saved, excess, None)
-                tried = f", the last plan measured {plan.measured_peak_bytes}" if plan.attempts else ""
                 raise PttError(
-                    f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak (untreated "
-                    f"{base_peak}, lowest modeled {low.modeled_peak_bytes if low else '?'}{tried}); raise the "
-                    "budget or shrink the batch."
+                    "checkpoint_activations_: the planner found no plan at all (no region to checkpoint)."
                 )
             named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
             apply(model, [(named[n].members, mode) for n, mode in choice.regions])
@@ -118,10 +119,17 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
             if budget is None or peak <= budget:
                 return
             unapply(model)
-            target = (target or 0) - (peak - budget) - int(MARGIN * budget)
+            if lowest:
+                raise PttError(
+                    f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak (untreated "
+                    f"{base_peak}; the lowest-peak plan modeled {choice.modeled_peak_bytes}, measured {peak}); "
+                    "raise the budget or shrink the batch."
+                )
+            # the model missed by (peak - modeled): plan again for the budget less that error
+            target = budget - (peak - choice.modeled_peak_bytes) - int(MARGIN * budget)
         raise PttError(
-            f"checkpoint_activations_: after {ATTEMPTS} plans the measured activation peak {plan.measured_peak_bytes} "
-            f"is still above budget={budget} bytes; raise the budget or shrink the batch."
+            f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak after {ATTEMPTS} "
+            f"measured plans (the last measured {plan.measured_peak_bytes}); raise the budget or shrink the batch."
         )
 
 

@@ -67,7 +67,9 @@ def _tune_apply(setup: TuneSetup, state: object) -> None:
 def _tune_plan(setup: TuneSetup) -> None:
     x = setup.example
     budget: int | str = "min"
-    if setup.activation_budget_bytes is not None:  # the budget of a micro-batch, scaled to the example's samples
+    if (
+        setup.activation_budget_bytes is not None
+    ):  # the budget of a micro-batch, scaled to the example's samples
         budget = max(1, int(setup.activation_budget_bytes * len(x) / max(1, setup.micro_batch_size)))
     try:
         applied_or_skip(checkpoint_activations_, setup.model, budget=budget, example_inputs=(x,))
