@@ -184,13 +184,19 @@ class Choice:
 def plan_regions(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None) -> Choice | None:
     """Least recompute time whose modeled activation peak fits ``budget_bytes`` (None: the lowest modeled peak);
     None when no plan fits."""
+    plans = plan_choices(tree, saved_bytes, excess_bytes, budget_bytes)
+    return plans[0] if plans else None
+
+
+def plan_choices(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None) -> list[Choice]:
+    """The best plan under each cap on the largest recomputation, best first (distinct plans only)."""
     quantum = max(1.0, saved_bytes / GRID)
     caps = sorted({o.transient_bytes for r in tree.regions.values() for o in _options(r, 2**62)})
     caps = sorted({o.transient_bytes for r in tree.runs.values() for o in _options(r, 2**62)} | set(caps))
     if len(caps) > MAX_CAPS:
         idx = np.linspace(0, len(caps) - 1, MAX_CAPS).round().astype(int)
         caps = [caps[i] for i in sorted(set(idx.tolist()))]
-    best: Choice | None = None
+    found: dict[tuple[tuple[str, str], ...], Choice] = {}
     for cap in caps:
         table = _solve(tree, "", cap, quantum)
         reach = np.flatnonzero(np.isfinite(table.vals))
@@ -203,15 +209,14 @@ def plan_regions(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: 
                 continue
         picked = table.pick(k)
         choice = _choice(tree, picked, saved_bytes, excess_bytes)
-        if best is None or _better(choice, best, budget_bytes):
-            best = choice
-    return best
+        found.setdefault(tuple(sorted(choice.regions)), choice)
+    return sorted(found.values(), key=lambda c: _key(c, budget_bytes))
 
 
-def _better(a: Choice, b: Choice, budget: int | None) -> bool:
+def _key(c: Choice, budget: int | None) -> tuple[float, float]:
     if budget is None:
-        return (a.modeled_peak_bytes, a.recompute_s) < (b.modeled_peak_bytes, b.recompute_s)
-    return (a.recompute_s, a.modeled_peak_bytes) < (b.recompute_s, b.modeled_peak_bytes)
+        return (c.modeled_peak_bytes, c.recompute_s)
+    return (c.recompute_s, c.modeled_peak_bytes)
 
 
 def _choice(tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int) -> Choice:

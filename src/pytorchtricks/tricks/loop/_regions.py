@@ -316,15 +316,27 @@ def _contexts(mode: str, modules: Sequence[nn.Module]) -> tuple[Any, Any]:
     return fwd, _together(no_stat_update(modules), rec)  # the stat copies are made outside the SAC mode
 
 
+@functools.cache
+def _sac_hooks_kwarg() -> dict[str, Any]:
+    """Tensors a selective checkpoint keeps go through an outer ``saved_tensors_hooks`` (``save_on_cpu``, a meter)
+    like any saved tensor, where this torch lets us say so (newer ones warn until told)."""
+    import inspect
+
+    ok = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    return {"respect_saved_tensors_hooks": True} if ok else {}
+
+
 def run_checkpointed(fn: Any, mode: str, modules: Sequence[nn.Module], *args: Any, **kwargs: Any) -> Any:
+    extra: dict[str, Any] = _sac_hooks_kwarg() if mode == "selective" else {}
     return checkpoint(
         fn,
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
         context_fn=functools.partial(_contexts, mode, modules),
+        **extra,
         **kwargs,
-    )
+    )  # type: ignore[call-overload]
 
 
 def _module_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -19,7 +19,13 @@ from torch.utils._pytree import tree_flatten
 from pytorchtricks.clock import peak_memory
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import filtered_stderr
-from pytorchtricks.tricks.loop._region_planner import RegionPlan, plan_regions
+from pytorchtricks.tricks.loop._region_planner import (
+    Choice,
+    RegionPlan,
+    Tree,
+    plan_choices,
+    plan_regions,
+)
 from pytorchtricks.tricks.loop._regions import apply, build_tree, probe, side_effect_free, unapply
 
 ATTEMPTS = 4
@@ -96,18 +102,14 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
         target = budget
         for attempt in range(1, ATTEMPTS + 1):
             choice = plan_regions(tree, saved, excess, target)
-            lowest = (
-                choice is None
-            )  # out of reach by the model: the lowest-peak plan is measured before saying so
-            if lowest:
-                choice = plan_regions(tree, saved, excess, None)
-            if choice is None:
-                raise PttError(
-                    "checkpoint_activations_: the planner found no plan at all (no region to checkpoint)."
-                )
+            lowest = choice is None or budget is None
+            if lowest:  # the lowest peak, or a budget out of reach by the model: measure before saying so
+                choice, peak = _lowest_measured(model, tree, saved, excess, args, kwargs)
+            else:
+                assert choice is not None
+                _apply(model, tree, choice)
+                peak, _ = fwd_bwd_peak(model, args, kwargs)
             named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
-            apply(model, [(named[n].members, mode) for n, mode in choice.regions])
-            peak, _ = fwd_bwd_peak(model, args, kwargs)
             plan.attempts = attempt
             plan.regions = [
                 (n, mode, next(o.freed_bytes for o in named[n].options if o.mode == mode),
@@ -131,6 +133,31 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
             f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak after {ATTEMPTS} "
             f"measured plans (the last measured {plan.measured_peak_bytes}); raise the budget or shrink the batch."
         )
+
+
+LOWEST_TRIES = 3  # plans measured when the lowest peak is asked for (the model of the peak ranks them)
+
+
+def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
+    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
+    apply(model, [(named[n].members, mode) for n, mode in choice.regions])
+
+
+def _lowest_measured(
+    model: nn.Module, tree: Tree, saved: int, excess: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Choice, int]:
+    """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
+    plans = plan_choices(tree, saved, excess, None)[:LOWEST_TRIES]
+    if not plans:
+        raise PttError("checkpoint_activations_: the planner found no plan at all (no region to checkpoint).")
+    measured = []
+    for c in plans:
+        _apply(model, tree, c)
+        measured.append(fwd_bwd_peak(model, args, kwargs)[0])
+        unapply(model)
+    i = min(range(len(plans)), key=measured.__getitem__)
+    _apply(model, tree, plans[i])
+    return plans[i], measured[i]
 
 
 def _pending_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
