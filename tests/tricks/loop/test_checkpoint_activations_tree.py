@@ -212,3 +212,16 @@ def test_resnet18_train_mode_exact_and_within_budget() -> None:
         torch.testing.assert_close(
             b, a, msg=k
         )  # weights after the update, BN running stats, num_batches_tracked
+
+
+def test_a_deep_copy_of_a_planned_model_is_planned_on_its_own_modules() -> None:
+    x = torch.randn(16, 3, 32, 32)
+    ref = _net()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget="min", example_inputs=x)
+    twin = copy.deepcopy(m)  # traced parents and wrapped forwards travel with the copy
+    for model in (ref, twin):
+        torch.manual_seed(3)
+        model(x).sum().backward()
+    for (name, p), q in zip(ref.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert all(p.grad is None for p in m.parameters())  # the copy's backward did not reach the original
