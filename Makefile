@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune bench-memory-planner lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke readme-table gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune bench-memory-planner lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -116,7 +116,7 @@ bench-pack: setup data
 # Peer loaders for the data benchmark, in their own environment (never in the core install). It reuses the core
 # venv's packages (torch, torchvision, pytorchtricks) through a .pth file, so a peer's pins shadow, never replace.
 PEERS_VENV := .venv-peers
-PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0
+PEERS_PKGS := webdataset==1.0.2 litdata==0.2.76 nvidia-dali-cuda130==2.4.0 pycocotools==2.0.11
 peers-env: setup
 	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
 	site=$$($(PEERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
@@ -154,6 +154,13 @@ HIRES_SYSTEMS ?= imagefolder,ptt-files-nowindow,ptt-files,dali-cpu,ffcv
 bench-data-hires: setup system-deps peers-env ffcv-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/data_loading.py --set hires --images $(HIRES_IMAGES) --batch 64 \
 	  --rounds $(HIRES_ROUNDS) --systems $(HIRES_SYSTEMS) --out $(RESULTS)
+
+# Detection input on the >= 2 MP photos with seeded boxes (a COCO JSON): torchvision's reference (hflip policy; with
+# RandomShortestSize; LSJ), make_detection_loader, DALI CPU and the decode floor, interleaved -> $(RESULTS)/detection_data-*.
+DET_IMAGES ?= 120
+DET_ROUNDS ?= 3
+bench-detection-data: setup system-deps peers-env
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/detection_data.py --images $(DET_IMAGES) --rounds $(DET_ROUNDS) --out $(RESULTS)
 
 # Decode only, one thread: the crop's window vs the whole image at the same DCT scale -> $(RESULTS)/roi_decode-*.
 bench-roi-decode: setup system-deps
@@ -274,3 +281,9 @@ bench-remote: setup data peers-env
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+
+# `make demo` as a new user runs it, twice on the machine as it is and once beside a CPU burner on one core (another
+# program): the receipts under $(RESULTS)/demo-*/ and $(RESULTS)/demo.md (issue 29: a busy run says so).
+.PHONY: bench-demo-receipts
+bench-demo-receipts: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/demo_receipts.py --out $(RESULTS)

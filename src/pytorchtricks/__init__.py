@@ -41,6 +41,13 @@ _EXPORTS: dict[str, str] = {
     "seeded_generator": "pytorchtricks.tricks.runtime.seed_everything",
     # tricks/data
     "make_loader": "pytorchtricks.tricks.data.make_loader",
+    "make_detection_loader": "pytorchtricks.tricks.data._detection",
+    "DetectionLoaderConfig": "pytorchtricks.tricks.data._detection",
+    "DetectionRecipe": "pytorchtricks.data.recipes",
+    "DetectionDataset": "pytorchtricks.data.detection",
+    "open_detection": "pytorchtricks.data.detection",
+    "AnnotationError": "pytorchtricks.data.detection",
+    "Geometry": "pytorchtricks.data.geometry",
     "cache_in_ram": "pytorchtricks.tricks.data.cache_in_ram",
     "list_arenas": "pytorchtricks.tricks.data.cache_in_ram",
     "remove_arenas": "pytorchtricks.tricks.data.cache_in_ram",
@@ -124,6 +131,7 @@ _EXPORTS: dict[str, str] = {
     "watch": "pytorchtricks.analysis.watch",
     # tune
     "tune_model": "pytorchtricks.tune.engine",
+    "TuneConfig": "pytorchtricks.tune.engine",
 }
 
 __all__ = sorted(_EXPORTS)

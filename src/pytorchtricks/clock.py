@@ -104,6 +104,14 @@ class Deadline:
         return self.remaining_s <= 0
 
 
+def hold_s(seconds: float) -> None:
+    """Hold the calling thread for ``seconds`` without using a core: what the host thread does while an
+    accelerator runs a step it launched (``ptt tune --device-step-ms``'s stand-in step)."""
+    import threading
+
+    threading.Event().wait(max(0.0, seconds))
+
+
 def time_call(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[Any, float]:
     """Run ``fn`` once and return ``(result, seconds)``, synchronising the device on both sides."""
     sync(device)
@@ -405,6 +413,210 @@ class SavedTensorMeter:
     @property
     def param_bytes(self) -> int:
         return sum(self._params.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU time: who used the cores while a phase ran (the kernel's CPU-time counters, read through psutil)
+
+
+@dataclass
+class CpuUse:
+    """Core-seconds spent during one phase, by whom. ``others`` is the machine's busy time (all cores, steal
+    excluded) minus this process and its descendants (the loader workers): what other programs took.
+
+    A ``CpuUse`` is plain data, so diagnosis logic is tested with made-up figures (no machine needed)."""
+
+    wall_s: float
+    cores: int  # cores this process may run on (sched affinity)
+    machine_cores: int
+    main_cpu_s: float  # this process (all its threads)
+    workers_cpu_s: float  # its descendants: loader workers, a compile worker
+    others_cpu_s: float  # other programs on the machine
+    steal_s: float = 0.0  # time the hypervisor gave this VM's vCPUs to other guests (Linux, VMs)
+    run_queue: float | None = (
+        None  # mean runnable tasks on the machine (/proc/stat procs_running), ours included
+    )
+    top_others: list[dict[str, Any]] = field(default_factory=list)  # [{name, pid, cpu_s}], largest first
+    workers: int = 0  # descendants seen
+
+    @property
+    def others_cores(self) -> float:
+        """Cores other programs (and the hypervisor's steal) held on average: 1.0 = one core, all the time."""
+        return (self.others_cpu_s + self.steal_s) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def busy_share(self) -> float:
+        """The share of the machine's cores taken by others (0-1)."""
+        return self.others_cores / max(1, self.machine_cores)
+
+    @property
+    def own_cores(self) -> float:
+        return (self.main_cpu_s + self.workers_cpu_s) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["others_cores"] = round(self.others_cores, 3)
+        d["busy_share"] = round(self.busy_share, 3)
+        return d
+
+    @staticmethod
+    def added(parts: list[CpuUse]) -> CpuUse | None:
+        """Several phases as one (sums; the run queue weighted by wall time; the top programs merged)."""
+        if not parts:
+            return None
+        wall = sum(p.wall_s for p in parts)
+        rq = [(p.run_queue, p.wall_s) for p in parts if p.run_queue is not None]
+        top: dict[tuple[str, int], float] = {}
+        for p in parts:
+            for t in p.top_others:
+                top[(t["name"], t["pid"])] = top.get((t["name"], t["pid"]), 0.0) + t["cpu_s"]
+        return CpuUse(
+            wall_s=wall,
+            cores=parts[0].cores,
+            machine_cores=parts[0].machine_cores,
+            main_cpu_s=sum(p.main_cpu_s for p in parts),
+            workers_cpu_s=sum(p.workers_cpu_s for p in parts),
+            others_cpu_s=sum(p.others_cpu_s for p in parts),
+            steal_s=sum(p.steal_s for p in parts),
+            run_queue=sum(a * b for a, b in rq) / max(1e-9, sum(b for _, b in rq)) if rq else None,
+            top_others=_top(top),
+            workers=max(p.workers for p in parts),
+        )
+
+
+def _top(cpu: dict[tuple[str, int], float], n: int = 3) -> list[dict[str, Any]]:
+    big = sorted(((s, k) for k, s in cpu.items() if s >= 0.05), reverse=True)[:n]
+    return [{"name": name, "pid": pid, "cpu_s": round(s, 2)} for s, (name, pid) in big]
+
+
+def _procs_running() -> int | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class CpuMeter:
+    """Account the CPU time of a phase: this process, its descendants, and everyone else.
+
+    ``with CpuMeter() as m: ...`` then ``m.result`` (a ``CpuUse``). A sampler thread reads this process tree's
+    counters every ``interval_s`` (a loader worker that exits mid-phase keeps the time last read, so at most one
+    interval of its CPU is counted as another program's), and the run queue; the machine's counters and every
+    program's are read at the start and the end (``top_others``). Costs ~1 ms of CPU per sample.
+    """
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.result: CpuUse | None = None
+        self._stop: Any = None  # threading.Event, made on entry
+        self._thread: Any = None
+
+    def __enter__(self) -> CpuMeter:
+        import threading
+
+        import psutil
+
+        self._me = psutil.Process()
+        self._t0 = now_s()
+        self._sys0 = psutil.cpu_times()
+        self._all0 = _every_program()
+        self._main0 = _own_cpu(self._me)
+        self._tree: dict[int, tuple[float, float]] = {}  # pid -> (first seen, last seen) CPU seconds
+        self._queue: list[int] = []
+        self._started = False
+        self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ptt-cpu-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        assert self._stop is not None
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        import psutil
+
+        try:
+            kids = self._me.children(recursive=True)
+        except psutil.Error:
+            kids = []
+        for k in kids:
+            try:
+                c = _own_cpu(k)
+            except psutil.Error:
+                continue
+            first = self._tree.get(k.pid, (None, 0.0))[0]
+            if (
+                first is None
+            ):  # seen at the start: only what it spends from now; born during the phase: all of it
+                first = c if not self._started else 0.0
+            self._tree[k.pid] = (first, c)
+        self._started = True
+        q = _procs_running()
+        if q is not None:
+            self._queue.append(q)
+
+    def __exit__(self, *exc: Any) -> None:
+        import psutil
+
+        assert self._stop is not None and self._thread is not None
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        wall = now_s() - self._t0
+        sys1 = psutil.cpu_times()
+        main = _own_cpu(self._me) - self._main0
+        workers = sum(max(0.0, last - first) for first, last in self._tree.values())
+        busy = _busy(sys1) - _busy(self._sys0)
+        steal = max(0.0, getattr(sys1, "steal", 0.0) - getattr(self._sys0, "steal", 0.0))
+        ours = {self._me.pid, *self._tree}
+        top: dict[tuple[str, int], float] = {}
+        for pid, (name, cpu) in _every_program().items():
+            if pid not in ours:
+                before = self._all0.get(pid, (name, 0.0))[1]
+                top[(name, pid)] = cpu - before
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.result = CpuUse(
+            wall_s=wall,
+            cores=cores,
+            machine_cores=psutil.cpu_count() or cores,
+            main_cpu_s=main,
+            workers_cpu_s=workers,
+            others_cpu_s=max(0.0, busy - main - workers),
+            steal_s=steal,
+            run_queue=sum(self._queue) / len(self._queue) if self._queue else None,
+            top_others=_top(top),
+            workers=len(self._tree),
+        )
+
+
+def _own_cpu(p: Any) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def _busy(t: Any) -> float:
+    """Busy seconds of all cores from ``psutil.cpu_times()``: everything but idle, I/O wait and steal (steal is
+    time the vCPU did not run at all; it is reported apart). guest time is already inside user on Linux."""
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0)
+                 - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))  # fmt: skip
+
+
+def _every_program() -> dict[int, tuple[str, float]]:
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["name", "cpu_times"]):
+        t = p.info.get("cpu_times")
+        if t is not None:
+            out[p.pid] = (p.info.get("name") or "?", float(t.user + t.system))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -84,8 +84,17 @@ class TuneFacts:
     goal: str = "speed"
     memory_budget_bytes: int | None = None
 
+    # whether a loader that spends fewer CPU-seconds per sample may speed the step up: the diagnosis's verdict
+    # (``analysis.verdict.LOADER_CAN_HELP``: input-bound or CPU-contended) or figures too uncertain to rule it out;
+    # None: not given (a verdict of "input-bound" alone then says yes)
+    loader_can_help: bool | None = None
+    # the accelerator's step, declared (``ptt tune --device-step-ms``): only loaders are measured against it
+    declared_step_s: float | None = None
+
     @property
     def input_bound(self) -> bool:
+        if self.loader_can_help is not None:
+            return self.loader_can_help
         return self.verdict == "input-bound"
 
     @property

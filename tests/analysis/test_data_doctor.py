@@ -75,6 +75,8 @@ def test_cli_prints_the_stage_table_and_verdict(tmp_path, capsys, jpegs):
         "wait",
         "input-bound",
         "decoded megapixels",
+        "loader alone: its workers used",  # the CPU-seconds accounting
+        "CPU per step: training process",
     ):
         assert word in out
     assert main(["doctor", "data", str(tmp_path / "missing")]) == 2

@@ -95,8 +95,13 @@ def test_the_doctor_changes_nothing_but_time(photos, tmp_path):
     doctored, out = _losses(ptt, str(tmp_path))
     assert len(plain) == 3 and doctored == plain
     assert "the script ended after 3 optimizer step(s)" in out and "verdict:" in out
+    assert (
+        "CPU per step: training process" in out and "other programs took" in out
+    )  # the CPU-seconds accounting
     rows = [json.loads(x) for x in Path(tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["doctor-run", *["doctor-step"] * 3, "doctor-summary"]
+    cs = rows[-1]["core_seconds"]
+    assert cs["main_cpu_s_per_step"] > 0 and cs["workers_cpu_s_per_step"] >= 0 and cs["cores"] >= 1
     assert rows[-1]["loaders"][0]["num_workers"] == 0 and rows[0]["env"]["torch"]
 
 
@@ -259,3 +264,56 @@ def test_the_fix_in_place_says_what_changed(photos, tmp_path, monkeypatch, capsy
     assert "changed since a/results.jsonl: loader num_workers: 0 -> 2" in out
     page = Path("b/report.html").read_text()
     assert "Changed since the earlier run" in page and "earlier run" in page
+
+
+@pytest.fixture
+def coco_root(tmp_path):
+    """A COCO root of 6 real photos (Debian wallpapers, downscaled to 160-240 px) with 1-2 boxes each."""
+    from PIL import Image
+
+    from pytorchtricks.shards.photoset import wallpaper_sources
+
+    src = wallpaper_sources()
+    if len(src) < 3:
+        pytest.skip("Debian wallpaper packages not installed (make system-deps)")
+    root = tmp_path / "coco"
+    (root / "images").mkdir(parents=True)
+    images, anns = [], []
+    for i in range(6):
+        im = Image.open(src[i % len(src)][1]).convert("RGB")
+        im.thumbnail((240, 240) if i % 3 else (160, 240))  # landscape and portrait: two aspect groups
+        w, h = im.size
+        im.save(root / "images" / f"{i}.jpg", quality=90)
+        images.append({"id": i, "file_name": f"{i}.jpg", "width": w, "height": h})
+        for k in range(1 + i % 2):
+            x, y = 10 + 20 * k, 12 + 15 * k
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": 1 + k, "iscrowd": 0,
+                         "bbox": [x, y, w / 3, h / 3], "area": w * h / 9})  # fmt: skip
+    cats = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    (root / "annotations.json").write_text(
+        json.dumps({"images": images, "annotations": anns, "categories": cats})
+    )
+    return str(root)
+
+
+@pytest.mark.slow
+def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, tmp_path):
+    """CocoDetection wrapped for v2 in a Subset, a grouped batch sampler, a detector with a list input and a loss
+    dict: the doctor names each of them (not `Subset`, `batch None`, `first batch ?`) and lints the detector."""
+    pytest.importorskip("pycocotools")
+    script = str(SCRIPTS / "train_detection.py")
+    cmd = [sys.executable, "-m", "pytorchtricks.cli", "doctor", "run", "--steps", "2", "--warmup", "1", "--out",
+           str(tmp_path / "out"), "--", "python", script, coco_root, "--steps", "3"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = " ".join(p.stdout.split())  # rich wraps long lines
+    assert "DataLoader over CocoDetection in the transforms-v2 wrapper in Subset (6 samples)" in out, out
+    assert "batch 2 (from its GroupedBatchSampler)" in out
+    assert "FasterRCNN" in out and "detection" in out and "a list of 2 image(s) (3x" in out
+    assert "returns a dict (loss_classifier, loss_box_reg, loss_objectness, loss_rpn_box_reg)" in out
+    assert "ptt lint on the model" in out and "verdict:" in out and "CPU per step" in out
+    rows = [json.loads(x) for x in Path(tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    summary = rows[-1]
+    assert summary["loaders"][0]["task"] == "detection" and summary["model"]["task"] == "detection"
+    assert len(summary["input_list"]) == 2 and all(len(s) == 3 for s in summary["input_list"])

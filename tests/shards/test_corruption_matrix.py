@@ -678,3 +678,89 @@ def test_lmdb_opened_twice_and_in_forked_workers(base: dict[str, Path], truth: d
     with _alarm(50):
         assert _samples(iter(loader)) == truth["lmdb"]
     assert a[3][0] == truth["lmdb"][3][0]  # the parent's env still works after the workers closed theirs
+
+
+# ----------------------------------------------------------------------------------------------- detection records
+
+
+@pytest.fixture(scope="module")
+def det_base(src: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same 20 photos as a COCO root (1-3 boxes each, polygons), packed per format: records carry JSON targets."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("matrix-coco")
+    (root / "val").mkdir()
+    (root / "annotations").mkdir()
+    rng = np.random.default_rng(21)
+    images, anns = [], []
+    for n, p in enumerate(sorted(src.rglob("*.jpg"))):
+        shutil.copy(p, root / "val" / f"{n:02d}.jpg")
+        w, h = Image.open(p).size
+        images.append({"id": n, "file_name": f"{n:02d}.jpg", "width": w, "height": h})
+        for _ in range(int(rng.integers(1, 4))):
+            x, y = float(rng.integers(0, w // 2)), float(rng.integers(0, h // 2))
+            bw, bh = float(rng.integers(2, w - x)), float(rng.integers(2, h - y))
+            seg = [[x, y, x + bw, y, x + bw, y + bh]]
+            anns.append({"id": len(anns), "image_id": n, "category_id": 1 + len(anns) % 2, "bbox": [x, y, bw, bh],
+                         "area": bw * bh, "iscrowd": 0, "segmentation": seg})  # fmt: skip
+    cats = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
+    doc = {"images": images, "annotations": anns, "categories": cats}
+    (root / "annotations" / "instances_val.json").write_text(json.dumps(doc))
+    out = {}
+    packs = tmp_path_factory.mktemp("matrix-det-packs")
+    for fmt in ("ptt", "tar", "lmdb"):
+        pack(root, packs / fmt, format=fmt, shard_size="12KB", workers=0)
+        out[fmt] = packs / fmt
+    return out
+
+
+def _det_samples(reader: Iterator[tuple[Any, int, dict[str, Any]]]) -> list[tuple[bytes, int, str]]:
+    return [(bytes(p), int(lab), json.dumps(ex, sort_keys=True)) for p, lab, ex in reader]
+
+
+def _det_dataset(dst: Path) -> list[tuple[bytes, int, str]]:
+    ds = ShardDataset(dst, decode=None)
+    return _det_samples(ds[i] for i in range(len(ds)))
+
+
+def _det_stream(dst: Path) -> list[tuple[bytes, int, str]]:
+    return _det_samples(iter(ShardStream(dst, decode=None, shuffle=False)))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["ptt", "tar", "lmdb"])
+def test_corruption_matrix_detection_records(fmt: str, det_base: dict[str, Path], tmp_path: Path) -> None:
+    """The matrix again on detection records: a damaged pack reads exactly the original bytes, labels and JSON
+    targets, or raises a ShardError naming a file."""
+    readers = {"ptt": (_det_dataset, _det_stream), "tar": (_det_stream,), "lmdb": (_det_dataset,)}[fmt]
+    truth = readers[0](det_base[fmt])
+    assert len(truth) == 20 and all('"boxes"' in t for _, _, t in truth)
+    failures: list[str] = []
+    for k, (name, damage) in enumerate(_cases(fmt).items()):
+        dst = _copy(det_base[fmt], tmp_path / f"d{k}")
+        damage(dst)
+        _run_det_case(f"{fmt} det: {name}", dst, truth, readers, failures)
+    print(f"\ncorruption matrix (detection records) after {fmt}: {COUNTS}")
+    assert not failures, f"{len(failures)} bad reads:\n" + "\n".join(failures)
+
+
+def _run_det_case(
+    name: str, dst: Path, truth: list[Any], readers: tuple[Any, ...], failures: list[str]
+) -> None:
+    COUNTS["cases"] += 1
+
+    def same(got: list[Any]) -> str | None:
+        return (
+            None
+            if got == truth
+            else f"{len(got)} samples, {sum(a != b for a, b in zip(got, truth, strict=False))} differ"
+        )
+
+    outcomes = [_judge(f"{name} [{r.__name__}]", lambda r=r: r(dst), same, failures) for r in readers]
+    bad_read = "error" in outcomes
+    _judge(
+        f"{name} [inspect]",
+        lambda: _inspect(dst),
+        lambda problems: "inspect reports no problem, a reader raised" if bad_read and not problems else None,
+        failures,
+    )

@@ -225,7 +225,7 @@ def test_an_exact_configuration_that_fits_is_recommended_over_a_faster_one_with_
     import pytorchtricks.tune.memory as tm
     from pytorchtricks.clock import Deadline
     from pytorchtricks.tune.candidates import Check
-    from pytorchtricks.tune.measuring import CandidateResult, TuneResult
+    from pytorchtricks.tune.measuring import CandidateResult, Status, TuneResult
 
     def measured(ratio: float) -> SimpleNamespace:
         return SimpleNamespace(ratio=ratio, ratio_q1=ratio - 0.01, ratio_q3=ratio + 0.01, median_s=0.1)
@@ -233,8 +233,10 @@ def test_an_exact_configuration_that_fits_is_recommended_over_a_faster_one_with_
     bn = Check("exact: update vs the whole batch", True, "", {"update_rel": 1e-9, "update_rel_bn_train": 0.5})
     res = TuneResult(workload={}, env={}, goal="speed", budget_s=600.0)
     res.candidates = [
-        CandidateResult("accumulate_gradients[4]", "measuring", "", True, check=bn),
-        CandidateResult("checkpoint_activations", "measuring", "", True, check=Check("exact", True, "", {})),
+        CandidateResult("accumulate_gradients[4]", Status.MEASURING, "", True, check=bn),
+        CandidateResult(
+            "checkpoint_activations", Status.MEASURING, "", True, check=Check("exact", True, "", {})
+        ),
     ]
     search = tm.MemorySearch(budget_bytes=100)
     search.points = [
@@ -249,8 +251,11 @@ def test_an_exact_configuration_that_fits_is_recommended_over_a_faster_one_with_
     tm._choose(SimpleNamespace(batch_size=8), res, search, "speed", Deadline(600))
     assert search.recommended == ("checkpoint_activations",)
     assert any("stay on the frontier" in n for n in res.notes)
+    assert res.candidates[1].status is Status.KEPT and res.candidates[0].status is Status.REJECTED
     # without an exact configuration that fits, the faster one with the caveat is still the answer
     search.recommended, res.notes = (), []
     search.points[2].fits = False
+    for c in res.candidates:
+        c.status = Status.MEASURING
     tm._choose(SimpleNamespace(batch_size=8), res, search, "speed", Deadline(600))
     assert search.recommended == ("accumulate_gradients[4]",)

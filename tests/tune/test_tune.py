@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -242,3 +243,17 @@ def test_apply_py_of_a_data_trick_runs_on_the_users_folder(recommended, tmp_path
     x, y = next(iter(loader))
     assert x.dtype == torch.uint8 and tuple(x.shape) == (4, 3, 16, 16) and len(y) == 4
     assert optimizer is not None
+
+
+def test_tune_takes_a_config_or_its_fields_as_keywords():
+    from pytorchtricks.core import PttError
+    from pytorchtricks.tune.engine import TuneConfig
+
+    cfg = TuneConfig("torchvision:resnet18", "synthetic", batch_size=8, device_step_ms=60.0)
+    assert cfg.num_workers == 2 and cfg.out == "tune-out"  # the CLI's defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.batch_size = 16  # type: ignore[misc]
+    with pytest.raises(PttError, match="not both"):
+        tune_model(cfg, "photos/")
+    with pytest.raises(PttError, match="TuneConfig's fields"):
+        tune_model("torchvision:resnet18", "synthetic", batch=8)

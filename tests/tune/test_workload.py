@@ -188,3 +188,14 @@ def test_tune_given_a_script_says_to_run_it_under_the_doctor(capsys):
 
     assert main(["tune", "train.py"]) == 2
     assert "ptt doctor run --tune -- python train.py ARGS" in capsys.readouterr().err
+
+
+def test_a_torchvision_detector_is_built_offline(monkeypatch, tmp_path):
+    """weights=None is not enough for a detector: its builder downloads the ImageNet backbone unless
+    weights_backbone=None too. With no network and an empty hub folder nothing may be fetched."""
+    from pytorchtricks.bench.workloads import load_model
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
+    m = load_model("torchvision:fasterrcnn_mobilenet_v3_large_320_fpn")
+    assert type(m).__name__ == "FasterRCNN"
+    assert not (tmp_path / "hub").exists()  # nothing was downloaded, no empty cache folder left behind

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.clock import Stopwatch, now_s
+from pytorchtricks.analysis import verdict as judge
+from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, now_s
 from pytorchtricks.core import PttError, resolve_device
 
 __all__ = ["doctor_data", "DataReport", "open_image_dataset"]
@@ -56,6 +57,11 @@ class DataReport:
     decoded_mp_per_sample: float | None = None  # megapixels out of the JPEG decoder per sample (serial pass)
     window_decodes: int = 0  # samples decoded as a crop window (region-of-interest decode)
     decode_fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> samples decoded whole instead
+    # CPU-seconds per batch beside the step: the training process and the loader workers (analysis.verdict),
+    # and who used the CPU meanwhile (clock.CpuUse.as_dict(): ``busy_share`` is what other programs took)
+    core_seconds: dict[str, Any] | None = None
+    cpu: dict[str, Any] | None = None
+    workers_cpu_s_per_batch: float | None = None  # the loader alone: its workers' CPU-seconds per batch
 
     @property
     def stage_sum_s(self) -> float:
@@ -159,13 +165,20 @@ def _serial(
 
 
 def _loader_times(
-    loader: Any, batches: int, step_time_s: float | None, prefetched: int = 0, step: Any = None
+    loader: Any,
+    batches: int,
+    step_time_s: float | None,
+    prefetched: int = 0,
+    step: Any = None,
+    cpu: dict[str, CpuUse] | None = None,
 ) -> tuple[float, float | None]:
     """(seconds per batch with nothing else running, wait per batch beside a step of ``step_time_s``).
 
     Workers fill a queue of ``prefetched`` batches ahead of the loop; those come for free, so they are taken
-    untimed first (as far as the epoch allows) and the clock starts at the next batch's arrival.
+    untimed first (as far as the epoch allows) and the clock starts at the next batch's arrival. ``cpu``
+    receives who used the CPU in each part: ``"loader"`` alone and ``"beside the step"``.
     """
+    cpu = {} if cpu is None else cpu
     it = iter(loader)
     next(it)  # worker start-up and the first prefetch are not the steady state
     spare = len(loader) - 2 - (2 if step_time_s is not None else 1) * batches
@@ -174,17 +187,21 @@ def _loader_times(
     next(it)  # the queue is empty now: time from one arrival to the next ones
     t0 = now_s()
     n = 0
-    for _ in range(batches):
-        try:
-            next(it)
-        except StopIteration:
-            break
-        n += 1
+    with CpuMeter() as alone:
+        for _ in range(batches):
+            try:
+                next(it)
+            except StopIteration:
+                break
+            n += 1
     free_s = (now_s() - t0) / max(n, 1)
+    assert alone.result is not None
+    cpu["loader"], cpu["loader batches"] = alone.result, max(n, 1)  # type: ignore[assignment]
     if step_time_s is None:
         return free_s, None
     wait = 0.0
     m = 0
+    beside = CpuMeter().__enter__()
     for _ in range(batches):
         if step is not None:
             step()  # the real step: its threads and the loader's workers share the cores
@@ -199,6 +216,9 @@ def _loader_times(
             break
         wait += now_s() - t1
         m += 1
+    beside.__exit__(None, None, None)
+    assert beside.result is not None
+    cpu["beside the step"], cpu["beside batches"] = beside.result, max(m, 1)  # type: ignore[assignment]
     return free_s, wait / max(m, 1)
 
 
@@ -246,7 +266,11 @@ def doctor_data(
     stages, total, decoded = _serial(dataset, batch_size, batches, crop, dev)
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
-    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step)
+    cpu: dict[str, Any] = {}
+    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step, cpu=cpu)
+    core_s = None
+    if "beside the step" in cpu:
+        core_s = judge.CoreSeconds.of(cpu["beside the step"], cpu["beside batches"])
     worst = max(stages, key=lambda k: stages[k])
     notes = []
     if step_time_s is None:
@@ -255,16 +279,23 @@ def doctor_data(
             "step's seconds per batch) to compare"
         )
         fix = FIXES[worst]
-    elif wait is not None and wait > 0.1 * max(step_time_s, 1e-9):
-        verdict = f"input-bound: the step waits {wait * 1e3:.1f} ms per batch for data"
-        fix = FIXES[worst]
-        if workers < len(os.sched_getaffinity(0)):
-            notes.append(
-                f"num_workers={workers} < {len(os.sched_getaffinity(0))} cores: try more workers first"
-            )
     else:
-        verdict = "compute-bound: the loader keeps up with the step"
-        fix = "nothing in the input pipeline; speed up the step itself"
+        v = judge.judge(step_time_s + (wait or 0.0), wait or 0.0, core_seconds=core_s)
+        if v.name == judge.INPUT_BOUND:
+            verdict = (
+                f"input-bound: the step waits {(wait or 0.0) * 1e3:.1f} ms per batch for data ({v.evidence})"
+            )
+            fix = FIXES[worst]
+            if workers < len(os.sched_getaffinity(0)):
+                notes.append(
+                    f"num_workers={workers} < {len(os.sched_getaffinity(0))} cores: try more workers first"
+                )
+        elif v.name == judge.CPU_CONTENDED:
+            verdict = f"CPU-contended: {v.evidence}"
+            fix = v.fix
+        else:
+            verdict = f"compute-bound: the loader keeps up with the step ({v.evidence})"
+            fix = "nothing in the input pipeline; speed up the step itself"
     if decoded["fallback"]:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(decoded["fallback"].items()))
         notes.append(
@@ -288,4 +319,7 @@ def doctor_data(
         decoded_mp_per_sample=decoded["px"] / n / 1e6 if decoded["images"] else None,
         window_decodes=decoded["window"],
         decode_fallbacks=decoded["fallback"],
+        core_seconds=core_s.as_dict() if core_s is not None else None,
+        cpu={k: u.as_dict() for k, u in cpu.items() if isinstance(u, CpuUse)},
+        workers_cpu_s_per_batch=cpu["loader"].workers_cpu_s / cpu["loader batches"],
     )

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import now_s, sync
 from pytorchtricks.core import PttError
 from pytorchtricks.hardware import cpu_caps
@@ -134,7 +135,7 @@ def _verdict(split: dict[str, float]) -> str:
         "compute-bound": fr["forward"] + fr["backward"] + fr["optimizer"],
         "overhead-bound": fr["other"],
     }
-    if shares["input-bound"] >= 0.4:
+    if judge.judge(total, split["data"] + split["h2d"]).name == judge.INPUT_BOUND:  # the one definition
         return "input-bound"
     if shares["sync-bound"] >= 0.25:
         return "sync-bound"

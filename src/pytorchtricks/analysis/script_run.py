@@ -145,8 +145,9 @@ def write_run(
     rows.append({
         "kind": "doctor-summary", "mean_s": r.mean_s(), "verdict": r.verdict, "evidence": r.evidence, "fix": r.fix,
         "loaders": r.loaders, "model": r.model, "optimizer": r.optimizer, "syncs_per_step": r.syncs,
-        "peak_rss_bytes": r.peak_rss_bytes, "input_shape": r.input_shape, "script": r.script, "sites": r.sites,
-        "lint": r.lint, "compared": compared or [],
+        "peak_rss_bytes": r.peak_rss_bytes, "input_shape": r.input_shape,
+        "input_list": r.input_list, "script": r.script, "sites": r.sites,
+        "lint": r.lint, "compared": compared or [], "cpu": r.cpu, "core_seconds": r.core_seconds, "busy": r.busy,
     })  # fmt: skip
     rows = json.loads(json.dumps(rows, default=str))  # what the file holds is what the page shows
     path = os.path.join(out_dir, "results.jsonl")

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.clock import now_s
+from pytorchtricks.analysis import verdict as judge
+from pytorchtricks.clock import CpuMeter, CpuUse, now_s
 
 __all__ = [
     "STAGES",
@@ -40,8 +41,7 @@ __all__ = [
     "verdict",
 ]
 
-INPUT_BOUND_SHARE = 0.30  # the step waits on its loader for more than this share: input-bound
-OPTIMIZER_BOUND_SHARE = 0.30
+OPTIMIZER_BOUND_SHARE = 0.30  # a refinement of compute-bound: the optimizer's own kernels take this share
 STAGES = ("data wait", "forward", "backward", "optimizer", "other")
 
 
@@ -67,6 +67,8 @@ class RunReport:
     evidence: str = ""
     fix: str = ""
     input_shape: list[int] = field(default_factory=list)  # the model's first input batch (N, C, H, W)
+    # a model called on a list of images (a detector): each image's (C, H, W); input_shape is then (N, C, Hmax, Wmax)
+    input_list: list[list[int]] = field(default_factory=list)
     script: str = ""  # the script's path (``ptt doctor run``)
     lint: list[dict[str, Any]] = field(
         default_factory=list
@@ -75,6 +77,15 @@ class RunReport:
     sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the loop's own objects, for `ptt doctor run --tune` (not written to results.jsonl)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
+    # who used the CPU over the measured steps (clock.CpuUse.as_dict()) and the CPU-seconds per step of the
+    # training process and its loader workers (analysis.verdict.CoreSeconds.as_dict())
+    cpu: dict[str, Any] = field(default_factory=dict)
+    core_seconds: dict[str, Any] = field(default_factory=dict)
+    busy: str | None = None  # other programs took cores the step needs (analysis.verdict.machine_busy)
+
+    def first_batch(self) -> str:
+        """The model's first input as a person reads it: ``32x3x224x224``, or a detector's list of images."""
+        return first_batch_text(self.input_shape, self.input_list)
 
     def mean_s(self) -> dict[str, float]:
         n = max(1, len(self.steps))
@@ -122,6 +133,13 @@ class Recorder:
         self.inside: dict[str, bool] = {}
         self.shapes: dict[int, list[int]] = {}  # the first input batch each outermost model saw
         self.sites: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, id) -> where it was built / called
+        # CPU-seconds of this process and its loader workers over the measured steps (from the first measured
+        # step's start to the last one's end)
+        self.list_inputs: dict[int, list[list[int]]] = {}  # a model called on a list of images: their shapes
+        self.outputs: dict[int, list[str]] = {}  # a model that returns a dict (a detector's losses): its keys
+        self.meter: CpuMeter | None = CpuMeter().__enter__() if warmup == 0 else None
+        self.cpu: CpuUse | None = None
+        self.cpu_steps = 0
 
     def restart(self) -> None:
         """Time the next step from now (``ptt.watch`` entering its block)."""
@@ -172,13 +190,27 @@ class Recorder:
                 self.fwd_start = now_s()
                 if any(True for _ in module.parameters()):
                     self.models.setdefault(id(module), module)
-                    x = args[0] if args else None
-                    if isinstance(x, torch.Tensor) and id(module) not in self.shapes:
+                    x: Any = args[0] if args else None
+                    if id(module) not in self.shapes and isinstance(x, torch.Tensor):
                         self.shapes[id(module)] = list(x.shape)
+                        self.site("call", module, first=True)
+                    elif id(module) not in self.shapes and _tensor_list(x):  # a detector: a list of images
+                        self.shapes[id(module)] = [
+                            len(x),
+                            *(max(t.shape[d] for t in x) for d in range(x[0].dim())),
+                        ]
+                        self.list_inputs[id(module)] = [list(t.shape) for t in x]
                         self.site("call", module, first=True)
         self.depth += 1
 
     def forward_post(self, module: Any, args: Any, out: Any) -> None:
+        if (
+            self.depth == 1
+            and isinstance(out, dict)
+            and id(module) in self.models
+            and id(module) not in self.outputs
+        ):
+            self.outputs[id(module)] = [str(k) for k in out]  # a detector in training mode: its loss dict
         if self.inside.get("data wait"):
             return
         self.depth = max(0, self.depth - 1)
@@ -206,9 +238,18 @@ class Recorder:
             self.syncs += self.step_syncs
         self.done += 1
         self.step_syncs = Counter()
-        self.restart()
         if self.stop_after is not None and self.done >= self.stop_after:
+            self.stop_meter()
             raise StopRun()
+        if self.done == self.warmup and self.meter is None:  # the measured steps start now
+            self.meter = CpuMeter().__enter__()
+        self.restart()
+
+    def stop_meter(self) -> None:
+        """End the CPU accounting at the last measured step (``collect`` calls it too: a script that ended)."""
+        if self.meter is not None and self.cpu is None:
+            self.meter.__exit__(None, None, None)
+            self.cpu, self.cpu_steps = self.meter.result, len(self.records)
 
     def timed(self, stage: str, fn: Any, keep: Any = None) -> Any:
         """``fn`` timed into ``stage``; nested calls count once (``Tensor.backward`` calls ``autograd.backward``).
@@ -327,14 +368,63 @@ def transform_settings(transform: Any) -> dict[str, Any]:
     return out
 
 
+# torchvision's detection datasets and the detectors that train on them (their forward takes a list of images and,
+# in training mode, the targets, and returns a dict of losses)
+DETECTION_DATASETS = ("CocoDetection", "VOCDetection", "WIDERFace", "Kitti", "DetectionDataset")
+DETECTORS = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")
+
+
+def first_batch_text(shape: list[int], images: list[list[int]] | None = None) -> str:
+    if images:
+        sizes = ", ".join("x".join(map(str, im)) for im in images[:4]) + (" ..." if len(images) > 4 else "")
+        return f"a list of {len(images)} image(s) ({sizes})"
+    return "x".join(map(str, shape)) or "?"
+
+
+def _tensor_list(x: Any) -> bool:
+    return isinstance(x, list | tuple) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)
+
+
+def model_task(model: Any) -> str | None:
+    """``"detection"`` for a torchvision detector (by its class hierarchy), else None."""
+    names = {c.__name__ for c in type(model).__mro__}
+    return "detection" if names & set(DETECTORS) else None
+
+
+def inner_dataset(ds: Any) -> tuple[Any, list[str]]:
+    """The dataset inside a ``Subset`` and torchvision's transforms-v2 wrapper (``wrap_dataset_for_transforms_v2``),
+    and the wrappers' names, outermost first: a doctor names ``CocoDetection``, not ``Subset``."""
+    wrappers = []
+    for _ in range(8):
+        inner = None
+        cls = type(ds).__name__
+        if isinstance(ds, torch.utils.data.Subset):
+            inner, name = ds.dataset, "Subset"
+        elif hasattr(ds, "_dataset") and (cls.endswith("Wrapper") or cls.startswith("Wrapped")):
+            inner, name = ds._dataset, "the transforms-v2 wrapper"  # torchvision's WrappedCocoDetection
+        if inner is None:
+            break
+        wrappers.append(name)
+        ds = inner
+    return ds, wrappers
+
+
 def loader_settings(loader: Any) -> dict[str, Any]:
     """A DataLoader's settings and its dataset's kind (``ptt.make_loader``'s own loader is named as such)."""
     from pytorchtricks.tricks.data._batches import BatchDataset, StreamBatches
 
     ds = loader.dataset
     batch = loader.batch_size
+    sampler = None
+    if (
+        batch is None and loader.batch_sampler is not None
+    ):  # a batch sampler of the script's own (aspect groups)
+        bs = loader.batch_sampler
+        sampler = type(bs).__name__
+        batch = getattr(bs, "batch_size", None)
     via = "DataLoader"
-    transform = getattr(ds, "transform", None)
+    ds, wrappers = inner_dataset(ds)
+    transform = getattr(ds, "transform", None) or getattr(ds, "transforms", None)
     settings = transform_settings(transform)
     if isinstance(ds, BatchDataset | StreamBatches):  # one item = one batch, built by ptt.make_loader
         via = "ptt.make_loader"
@@ -346,7 +436,9 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         transform = None
     return {
         "via": via,
-        "dataset": type(ds).__name__,
+        "dataset": type(ds).__name__ + "".join(f" in {w}" for w in reversed(wrappers)),
+        "task": "detection" if type(ds).__name__ in DETECTION_DATASETS else "classification",
+        "batch_sampler": sampler,
         "samples": len(ds) if hasattr(ds, "__len__") else None,
         "root": getattr(ds, "root", None),
         "transform": repr(transform).replace("\n", " ") if transform is not None else None,
@@ -368,6 +460,12 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
         m = max(rec.models.values(), key=lambda mod: sum(p.numel() for p in mod.parameters()))
         report.model = {"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters())}
         report.input_shape = rec.shapes.get(id(m), [])
+        report.input_list = rec.list_inputs.get(id(m), [])
+        if id(m) in rec.outputs:
+            report.model["outputs"] = rec.outputs[id(m)]
+        task = model_task(m)
+        if task:
+            report.model["task"] = task
         report.captured["model"] = m
         for kind in ("model", "call"):
             if (kind, id(m)) in rec.sites:
@@ -389,6 +487,11 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
             report.sites["loader"] = rec.sites[("loader", id(first))]
     if ("backward", id(None)) in rec.sites:
         report.sites["backward"] = rec.sites[("backward", id(None))]
+    rec.stop_meter()
+    if rec.cpu is not None and rec.cpu_steps:
+        report.cpu = rec.cpu.as_dict()
+        report.core_seconds = judge.CoreSeconds.of(rec.cpu, rec.cpu_steps).as_dict()
+        report.busy = judge.machine_busy(rec.cpu, torch.get_num_threads())
     n = max(1, len(rec.records))
     report.syncs = sorted(((k, v / n) for k, v in rec.syncs.items()), key=lambda kv: -kv[1])
     try:
@@ -413,8 +516,13 @@ def lint_model(report: RunReport) -> None:
         p = next(model.parameters())
         shape = (min(2, report.input_shape[0]), *report.input_shape[1:])
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stream is left as it was
-            probe = torch.randn(shape, device=p.device, dtype=p.dtype)
-            found = lint(model, probe, batch_size=report.input_shape[0]).findings
+            probe: Any = torch.randn(shape, device=p.device, dtype=p.dtype)
+            if report.input_list:  # a detector: a list of images; linted as it infers (no targets to give)
+                probe = ([probe[i].clamp(0, 1) for i in range(len(probe))],)
+                with _eval(model):
+                    found = lint(model, probe, phase="infer", batch_size=report.input_shape[0]).findings
+            else:
+                found = lint(model, probe, batch_size=report.input_shape[0]).findings
     except Exception as exc:  # the user's model may not take a random batch of its input's shape: say so
         report.lint = [
             {"id": "-", "name": "lint did not run", "location": "", "message": str(exc)[:300], "fix": ""}
@@ -424,6 +532,16 @@ def lint_model(report: RunReport) -> None:
         {"id": f.id, "name": f.name, "location": f.location, "message": f.message, "fix": f.fix}
         for f in found
     ]
+
+
+@contextlib.contextmanager
+def _eval(model: Any) -> Iterator[None]:
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
 
 
 def verdict(r: RunReport) -> None:
@@ -442,8 +560,20 @@ def verdict(r: RunReport) -> None:
     loader = r.loaders[0] if r.loaders else None
     where = r.sites.get("loader")
     at = f" ({os.path.basename(where['file'])}:{where['line']})" if where else ""
-    if share["data wait"] > INPUT_BOUND_SHARE:
-        r.verdict = "input-bound"
+    cs = None
+    if r.core_seconds:
+        cs = judge.CoreSeconds(
+            r.core_seconds["main_cpu_s_per_step"],
+            r.core_seconds["workers_cpu_s_per_step"],
+            r.core_seconds["cores"],
+            r.core_seconds["core_s_supplied_per_step"] / max(1, r.core_seconds["cores"]),
+        )
+        r.evidence += f"; {cs.text()}"
+    if r.busy:
+        r.evidence += f"; the machine was busy: {r.busy} - the split is the neighbour's as much as the job's"
+    v = judge.judge(m["step"], m["data wait"], core_seconds=cs)
+    if v.name == judge.INPUT_BOUND:
+        r.verdict = v.name
         workers = loader["num_workers"] if loader else "?"
         root = loader.get("root") if loader else None
         via = loader.get("via", "DataLoader") if loader else "DataLoader"
@@ -456,6 +586,12 @@ def verdict(r: RunReport) -> None:
             f"the step waits {share['data wait']:.0%} of its time for its loader{at} ({via}, {workers} workers): "
             + first
             + (f"; `ptt tune --data {root}` measures which, and a RAM cache or a pack" if root else "")
+        )
+    elif v.name == judge.CPU_CONTENDED:
+        r.verdict = v.name
+        root = loader.get("root") if loader else None
+        r.fix = f"the loader's workers{at} and the training threads share the cores: {v.fix}" + (
+            f"; `ptt tune --data {root}` measures which" if root else ""
         )
     elif share["optimizer"] > OPTIMIZER_BOUND_SHARE:
         r.verdict = "optimizer-bound"

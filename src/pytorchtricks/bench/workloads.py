@@ -65,6 +65,8 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
                 f"torchvision has no model {name!r}; see torchvision.models.list_models() for names."
             ) from exc
         kwargs.setdefault("weights", None)  # never download weights at run time
+        if "weights_backbone" in inspect.signature(factory).parameters:  # detectors: nor their backbone's
+            kwargs.setdefault("weights_backbone", None)
     else:
         module = _import_module_or_file(where)
         factory = getattr(module, name, None)  # type: ignore[assignment]

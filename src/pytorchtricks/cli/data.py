@@ -10,8 +10,14 @@ from pytorchtricks.cli._common import _console
 
 
 def _add_pack(sub: Any) -> None:
-    p = sub.add_parser("pack", help="pack an image folder or CSV/JSONL list into ptt, tar or lmdb shards")
-    p.add_argument("src", help="ImageFolder tree (a folder per class) or a .csv/.jsonl list of path,label")
+    p = sub.add_parser(
+        "pack", help="pack an image folder, CSV/JSONL list or detection root into ptt/tar/lmdb shards"
+    )
+    p.add_argument(
+        "src",
+        help="ImageFolder tree (a folder per class), a .csv/.jsonl list of path,label, or a detection root "
+        "(COCO annotations/instances_*.json or the JSON itself, YOLO images/+labels/, VOC Annotations/+JPEGImages/)",
+    )
     p.add_argument(
         "dst",
         help="output folder or bucket URL (s3://bucket/p, gs://, az://); re-running resumes an interrupted pack",
@@ -117,15 +123,38 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         + f"), {len(r['rejects'])} rejects",
         highlight=False,
     )
-    table = Table(title="classes")
-    table.add_column("class")
-    table.add_column("samples", justify="right")
-    for name, n in r["classes"].items():
-        table.add_row(name, str(n))
-    console.print(table)
+    det = r.get("detection")
+    if det is None:
+        table = Table(title="classes")
+        table.add_column("class")
+        table.add_column("samples", justify="right")
+        for name, n in r["classes"].items():
+            table.add_row(name, str(n))
+        console.print(table)
+    else:
+        _print_detection(console, det)
     if r["problems"] is None:
         return 0
     for p in r["problems"]:
         console.print(f"problem: {p}", highlight=False, markup=False)
     console.print("integrity: ok" if not r["problems"] else f"integrity: {len(r['problems'])} problem(s)")
     return 1 if r["problems"] else 0
+
+
+def _print_detection(console: Any, det: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    bpi, h, w, mp = det["boxes_per_image"], det["height"], det["width"], det["megapixels"]
+    console.print(
+        f"detection ({det['format']}): {det['images']} images ({det['images_without_boxes']} without boxes), "
+        f"{det['boxes']} boxes; boxes per image min {bpi.get('min')} median {bpi.get('median')} max "
+        f"{bpi.get('max')}; image sizes (stored) {w.get('min')}-{w.get('max')} x {h.get('min')}-{h.get('max')} px "
+        f"(median {w.get('median')} x {h.get('median')}), {mp.get('min', 0):.2f}-{mp.get('max', 0):.2f} MP",
+        highlight=False,
+    )
+    table = Table(title="boxes per class")
+    table.add_column("class")
+    table.add_column("boxes", justify="right")
+    for name, n in det["boxes_per_class"].items():
+        table.add_row(str(name), str(n))
+    console.print(table)

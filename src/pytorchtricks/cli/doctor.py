@@ -101,15 +101,19 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     for i, x in enumerate(r.loaders):
         console.print(
             f"loader{at('loader') if i == 0 else ''}: {x['via']} over {x['dataset']} ({x['samples']} samples), "
-            f"batch {x['batch_size']}, num_workers "
+            f"batch {x['batch_size']}"
+            + (f" (from its {x['batch_sampler']})" if x.get("batch_sampler") else "")
+            + ", num_workers "
             f"{x['num_workers']}, pin_memory {x['pin_memory']}, persistent_workers {x['persistent_workers']}, "
             f"prefetch_factor {x['prefetch_factor']}",
             highlight=False,
         )
     if r.model:
         console.print(
-            f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params), first batch "
-            f"{'x'.join(map(str, r.input_shape)) or '?'}",
+            f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params"
+            + (f", {r.model['task']}" if r.model.get("task") else "")
+            + f"), first batch {r.first_batch()}"
+            + (f"; returns a dict ({', '.join(r.model['outputs'])})" if r.model.get("outputs") else ""),
             highlight=False,
         )
     if r.optimizer:
@@ -122,6 +126,8 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     if r.lint:
         ids = ", ".join(dict.fromkeys(f"{f['id']} {f['name']}" for f in r.lint))
         console.print(f"ptt lint on the model: {len(r.lint)} finding(s): {escape(ids)}", highlight=False)
+    for line in cpu_lines(r.core_seconds, r.cpu):
+        console.print(line, highlight=False)
     console.print(f"{r.ended}; verdict: [bold]{r.verdict}[/] - {escape(r.evidence)}")
     console.print(f"first fix: {escape(r.fix)}", highlight=False)
     compared = compare_runs(earlier, r) if earlier is not None else None
@@ -229,8 +235,36 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     console = _console()
     console.print(table)
     console.print(f"loader: {r.loader_images_per_s:.0f} images/s with {r.num_workers} workers")
+    if r.workers_cpu_s_per_batch is not None:
+        console.print(
+            f"loader alone: its workers used {r.workers_cpu_s_per_batch:.3f} CPU-s per batch "
+            f"({r.workers_cpu_s_per_batch / r.batch_size * 1e3:.2f} CPU-ms per sample)",
+            highlight=False,
+        )
+    for line in cpu_lines(r.core_seconds, (r.cpu or {}).get("beside the step")):
+        console.print(line, highlight=False)
     console.print(f"verdict: {r.verdict}")
     console.print(f"first fix: {r.fix}")
     for note in r.notes:
         console.print(f"note: {note}")
     return 0
+
+
+def cpu_lines(core_seconds: dict[str, Any] | None, cpu: dict[str, Any] | None) -> list[str]:
+    """The CPU-seconds accounting of a run, as printed by ``ptt doctor run`` and ``ptt doctor data``."""
+    out = []
+    if core_seconds:
+        cs = core_seconds
+        out.append(
+            f"CPU per step: training process {cs['main_cpu_s_per_step']:.3f} CPU-s, loader workers "
+            f"{cs['workers_cpu_s_per_step']:.3f} CPU-s: {cs['used_share']:.0%} of the "
+            f"{cs['core_s_supplied_per_step']:.3f} core-s {cs['cores']} core(s) supplied"
+            + (" (saturated: the loader's CPU-seconds come out of the step's)" if cs["saturated"] else "")
+        )
+    if cpu:
+        top = ", ".join(f"{t['name']} {t['cpu_s']:.1f} s" for t in cpu.get("top_others") or [])
+        out.append(
+            f"other programs took {cpu['busy_share']:.0%} of the machine's {cpu['machine_cores']} cores meanwhile"
+            + (f" ({top})" if top else "")
+        )
+    return out

@@ -57,6 +57,15 @@ def _add_tune(sub: Any) -> None:
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (default: 175)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument(
+        "--device-step-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="your accelerator's training step in milliseconds (from your logs, or `ptt doctor run` on the GPU "
+        "machine): each loader is timed feeding a stand-in step that holds the training process that long "
+        "without using the CPU's cores; the receipt is a projection for that step (model tricks are not measured)",
+    )
+    p.add_argument(
         "--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)"
     )
     p.set_defaults(handler=_cmd_tune)
@@ -83,7 +92,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         args.model, args.data, batch_size=args.batch_size, input_size=args.input_size,
         input_shape=args.input_shape, num_workers=args.num_workers, goal=args.goal, for_=args.for_,
         time_budget_s=args.time_budget, device=args.device, out=args.out, progress=RichProgress(console),
-        memory_budget=args.memory_budget,
+        memory_budget=args.memory_budget, device_step_ms=args.device_step_ms,
     )  # fmt: skip
     console.print(receipt_table(res))
     if res.memory is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from pytorchtricks.analysis.step_split import first_batch_text
 from pytorchtricks.report import plots
 
 CSS = """
@@ -47,8 +48,10 @@ def _summary(p: dict[str, Any]) -> str:
     w, env = p["workload"], p["env"]
     combined = p.get("combined")
     rec = p.get("recommended") or []
+    bad = p.get("unreliable") or []
+    nothing = "none: the measurements are unreliable" if bad else "keep the current setup"
     lines = [
-        f"<p class='big'>Recommended: {_e(', '.join(rec) or 'keep the current setup')}"
+        f"<p class='big'>Recommended: {_e(', '.join(rec) or nothing)}"
         + (f" &mdash; measured {_ratio(combined)} images/s vs baseline</p>" if combined else "</p>"),
         f"<p>{_e(w['model'])} ({w['params'] / 1e6:.1f} M params), {_e(w['for'])}, batch {w['batch_size']}, "
         f"input {_e('x'.join(map(str, w['input_shape'])) if w.get('input_shape') else str(w['input_size']) + ' px')}"
@@ -62,6 +65,22 @@ def _summary(p: dict[str, Any]) -> str:
         f"{_e(p.get('measured_in') or 'in an interleaved run with the baseline')}, never multiplied from single "
         "gains.</p>",
     ]
+    if w.get("device_step_ms"):
+        lines.append(
+            f"<p class='rejected'><b>A projection.</b> The step was declared: {w['device_step_ms']:g} ms on the "
+            "accelerator (--device-step-ms). Each loader was timed feeding a stand-in step that held the training "
+            "process that long without using this machine's cores; the figures hold for that step time, on a "
+            "machine whose CPU is this one.</p>"
+        )
+    if bad:
+        lines.append(
+            "<div class='rejected'><p><b>Unreliable figures.</b> "
+            + ("Nothing on this page is a finding about your setup. " if not rec else "")
+            + "Rerun on a quiet machine to trust them:</p><ul>"
+            + "".join(f"<li>{_e(b)}</li>" for b in bad)
+            + "</ul></div>"
+        )
+    lines.append(_cpu_table(p))
     if p.get("interrupted"):
         lines.append(
             "<p class='rejected'>Interrupted: this receipt holds only what was measured before Ctrl-C.</p>"
@@ -73,6 +92,55 @@ def _summary(p: dict[str, Any]) -> str:
             f"({'passed' if cc['passed'] else 'FAILED'}).</p>"
         )
     return "\n".join(lines)
+
+
+def _cpu_table(p: dict[str, Any]) -> str:
+    """Per phase: its seconds, the CPU others took (busy), ours (main process, loader workers), the run queue."""
+    cpu, secs = p.get("cpu") or {}, p.get("phase_s") or {}
+    if not cpu and not secs:
+        return ""
+    rows = []
+    for phase in dict.fromkeys([*secs, *cpu]):
+        d = cpu.get(phase) or {}
+        rq = d.get("run_queue")
+        rows.append(
+            [
+                _e(phase),
+                f"{secs.get(phase, 0.0):.1f}",
+                f"{d['busy_share']:.0%}" if "busy_share" in d else "-",
+                f"{d.get('main_cpu_s', 0.0):.1f} / {d.get('workers_cpu_s', 0.0):.1f}" if d else "-",
+                f"{rq:.1f}" if rq is not None else "-",
+                _e(", ".join(f"{t['name']} {t['cpu_s']:.1f} s" for t in d.get("top_others") or [])),
+                _e(d.get("busy") or ""),
+            ]
+        )
+    sc = p.get("self_check") or {}
+    check = ""
+    if sc.get("median_s") and sc.get("tune_compute_alone_s"):
+        check = (
+            f"<p>Self-check: the compute step took {sc['median_s'] * 1e3:.1f} ms in a fresh process and "
+            f"{sc['tune_compute_alone_s'] * 1e3:.1f} ms in tune's diagnosis ({sc['ratio']:.2f}x: "
+            f"{'they agree' if sc.get('agrees') else 'they DISAGREE'}).</p>"
+        )
+    elif sc:
+        check = f"<p class='muted'>Self-check: {_e(sc.get('skipped') or sc.get('error'))}.</p>"
+    return (
+        "<p>Where the seconds went, and who used the CPU meanwhile (busy: the share of the machine's cores other "
+        "programs took):</p>"
+        + _table(
+            [
+                "phase",
+                "s",
+                "busy",
+                "ours: main / workers CPU-s",
+                "run queue",
+                "other programs",
+                "unreliable because",
+            ],
+            rows,
+        )
+        + check
+    )
 
 
 def _plots(p: dict[str, Any]) -> str:
@@ -185,6 +253,10 @@ def _diagnosis(p: dict[str, Any]) -> str:
         return "<p class='muted'>Not reached.</p>"
     split = ", ".join(f"{_e(k)} {v * 1e3:.1f} ms" for k, v in d["split_s"].items())
     out = [f"<p>Verdict: <b>{_e(d['verdict'])}</b>. Step {d['step_s'] * 1e3:.1f} ms: {split}.</p>"]
+    if d.get("evidence"):
+        out.append(f"<p>Evidence: {_e(d['evidence'])}.</p>")
+    for r in d.get("remeasured") or []:
+        out.append(f"<p class='muted'>Measured again: {_e(r)}.</p>")
     if d["findings"]:
         out.append(
             _table(
@@ -325,7 +397,7 @@ def render_doctor(
     model, opt = summ.get("model") or {}, summ.get("optimizer") or {}
     what = []
     if model:
-        shape = "x".join(map(str, summ.get("input_shape") or [])) or "?"
+        shape = first_batch_text(summ.get("input_shape") or [], summ.get("input_list"))
         what.append(
             f"model {_e(model['class'])} ({model['params'] / 1e6:.1f} M params), first batch {_e(shape)}"
         )

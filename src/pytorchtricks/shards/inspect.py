@@ -147,4 +147,6 @@ def inspect_shards(
     }
     if m["format"] == "tar":
         report["pattern"] = m.get("pattern")
+    if "detection" in m:  # a detection pack: images, boxes per image / class, image sizes (as stored)
+        report["detection"] = m["detection"]
     return report

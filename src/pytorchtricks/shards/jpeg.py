@@ -432,3 +432,105 @@ def decode_image(
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode image ({len(buf)} bytes) with {name}: {exc}") from exc
+
+
+# ------------------------------------------------------------------------------ scaled region (geometry plans)
+
+
+def decode_scaled(
+    data: bytes | memoryview | np.ndarray,
+    denom: int,
+    box: tuple[float, float, float, float] | None = None,
+    *,
+    backend: str = "auto",
+) -> tuple[np.ndarray, int, int, int]:
+    """The image decoded on the 1/``denom`` DCT grid, without any resize: ``(pixels, top, left, denom)``.
+
+    Scaled pixel ``j`` covers original pixels ``[j * denom, (j + 1) * denom)``; ``pixels[0, 0]`` is scaled pixel
+    ``(top, left)``. With ``box`` (``top, left, height, width`` in original pixels, fractional allowed) only the
+    rows and iMCU columns holding it, plus one scaled pixel of margin for interpolation, are decoded (the window
+    path of ``shards.jpeg_roi``); what it refuses decodes the whole image at the scale. Non-JPEG input (no DCT
+    scaling) is decoded at full size and averaged down to the same grid. This is the decode a geometry plan (``data.geometry``) warps from:
+    one resample from the DCT grid to the output, whatever the crop, pad, flip or scale.
+
+    Example:
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (640, 480)).save(buf, "JPEG")
+        >>> px, top, left, d = decode_scaled(buf.getvalue(), 4, (100, 200, 80, 120))
+        >>> d, top <= 25, px.shape[0] >= 20
+        (4, True, True)
+    """
+    buf = _as_buffer(data)
+    if denom not in (1, 2, 4, 8):
+        raise PttError(f"denom must be 1, 2, 4 or 8, got {denom}.")
+    name = auto_backend() if backend == "auto" else backend
+    if name not in _IMPL:
+        raise PttError(f"unknown decode backend {backend!r}; use auto or one of {', '.join(BACKENDS)}.")
+    _STATS["images"] += 1
+    try:
+        h0, w0 = image_size(buf)
+        hs, ws = -(-h0 // denom), -(-w0 // denom)
+        if not is_jpeg(
+            buf
+        ):  # no DCT: decode whole, then average down to the grid (the resample after it < 2x)
+            arr = _IMPL["pil"](buf, None, None)
+            return (_resize(arr, (hs, ws), area=True), 0, 0, denom) if denom > 1 else (arr, 0, 0, 1)
+        if box is not None and name == "roi":
+            t = max(0, math.floor(box[0] / denom) - 1)
+            lf = max(0, math.floor(box[1] / denom) - 1)
+            b = min(hs, math.ceil((box[0] + box[2]) / denom) + 1)
+            r = min(ws, math.ceil((box[1] + box[3]) / denom) + 1)
+            if b > t and r > lf and (t, lf, b, r) != (0, 0, hs, ws):
+                try:
+                    win = jpeg_roi.decode_window(buf, denom, t, b, lf, r)
+                    _STATS["window"] += 1
+                    _count(win.pixels.shape[0] * win.pixels.shape[1])
+                    return win.pixels, t, win.x0, denom
+                except jpeg_roi.Refused as exc:
+                    _count_fallback(exc.reason)
+                except OSError:
+                    _count_fallback("unavailable")
+        whole = fallback_backend() if name == "roi" else name
+        if denom > 1 and whole == "pil":  # no DCT scaling there: decode whole, then average down to the grid
+            arr = _resize(_IMPL["pil"](buf, None, None), (hs, ws), area=True)
+            return arr, 0, 0, denom
+        arr = _whole_at_scale(buf, denom, whole) if denom > 1 else _IMPL[whole](buf, None, None)
+        _count(arr.shape[0] * arr.shape[1])
+        return arr, 0, 0, denom
+    except PttError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode image ({len(buf)} bytes) with {name}: {exc}") from exc
+
+
+def _whole_at_scale(buf: Any, denom: int, name: str) -> np.ndarray:
+    """The whole JPEG at exactly 1/``denom`` (``ceil(size / denom)``, libjpeg's scaled IDCT), no resize after it."""
+    h0, w0 = image_size(buf)
+    hs, ws = -(-h0 // denom), -(-w0 // denom)
+    if name == "simplejpeg":
+        import simplejpeg
+
+        return simplejpeg.decode_jpeg(buf, colorspace="RGB", min_height=hs, min_width=ws)
+    if name == "turbojpeg":
+        return _turbo_handle().decode(
+            bytes(buf), pixel_format=_turbo_module().TJPF_RGB, scaling_factor=(1, denom)
+        )
+    if name == "opencv":
+        import cv2
+
+        flag = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[
+            denom
+        ]
+        bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+        if bgr is None:
+            raise DecodeError("opencv could not decode the image")
+        return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    from PIL import Image
+
+    img: Any = Image.open(io.BytesIO(buf))
+    img.draft("RGB", (ws, hs))  # Pillow picks the largest scale that keeps at least this size: 1/denom
+    img = img.convert("RGB") if img.mode != "RGB" else img
+    arr = np.asarray(img)
+    if arr.shape[:2] != (hs, ws):  # plain "pil" has no DCT scaling: average down to the grid
+        arr = _resize(arr, (hs, ws), area=True)
+    return arr

@@ -34,6 +34,7 @@ class Source:
     skipped: list[dict[str, str]] = field(
         default_factory=list
     )  # not packed, with why (hidden, outside a class)
+    detection: dict[str, Any] | None = None  # a detection root: {"format", "categories"}; targets in extras
 
 
 def list_source(src: str | os.PathLike[str]) -> Source:
@@ -43,6 +44,10 @@ def list_source(src: str | os.PathLike[str]) -> Source:
         PttError: missing source, empty listing, or a list without ``path``/``label`` columns.
     """
     src = os.fspath(src)
+    from pytorchtricks.data.detection import detection_layout
+
+    if detection_layout(src) is not None:  # COCO / YOLO / VOC: never an ImageFolder of train2017/ val2017/
+        return _list_detection(src)
     if os.path.isdir(src):
         return _list_folder(src)
     if not os.path.isfile(src):
@@ -144,6 +149,34 @@ def walk_class_tree(root: str) -> ClassTree:
                     labels.append(label)
     skipped.sort(key=lambda r: r["path"])
     return ClassTree(classes, rel, labels, skipped)
+
+
+def _list_detection(src: str) -> Source:
+    """A detection root (``data.detection.open_detection``): one record per image, label 0, and its target as JSON
+    in the extras (``{"target": {"boxes", "labels", "image_id", "iscrowd", "area", "size": [h, w], ...}}``).
+    Bad annotations join the rejects (``pack(strict=True)`` fails on the first one)."""
+    from pytorchtricks.data.detection import open_detection, target_json
+
+    ds = open_detection(src, on_error="skip")
+    if len(ds) == 0:
+        raise PttError(f"{src!r} lists no images.")
+    paths = [ds.path(i) for i in range(len(ds))]
+    rel = [
+        os.path.relpath(p, os.path.dirname(os.path.abspath(src)) if os.path.isfile(src) else src)
+        for p in paths
+    ]
+    extras = [{"target": target_json(ds, i)} for i in range(len(ds))]
+    skipped = [
+        {
+            "path": str(r["image"] or r["file"]),
+            "reason": f"{r['file']}: annotation {r['annotation']}: {r['reason']}",
+        }
+        for r in ds.rejects
+    ]
+    cats = {str(k): v for k, v in sorted(ds.categories.items())}
+    return Source(
+        paths, rel, [0] * len(paths), extras, [], skipped, {"format": ds.format, "categories": cats}
+    )
 
 
 def _list_folder(root: str) -> Source:

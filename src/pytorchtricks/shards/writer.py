@@ -348,6 +348,7 @@ def _pack_local(plan: _Plan, dst: str, spooled: tuple[str, int] | None = None) -
         journal.shards = lmdb_writer.committed_chunks()  # the LMDB's own progress record is the truth
     try:
         run = _Run(source, dst, format, limit, journal, lmdb_writer, strict)
+        run.resize = (opts.get("resize"), opts.get("max_side"))
         order = _order(len(source.paths), plan.shuffle, plan.seed)
         start = journal.shards[-1]["src_end"] if journal.shards else 0
         if spooled is not None:
@@ -392,6 +393,7 @@ class _Run:
         self.bytes_in = 0
         self.src_start = journal.shards[-1]["src_end"] if journal.shards else 0
         self.next_sample = sum(s["count"] for s in journal.shards)
+        self.resize: tuple[int | None, int | None] = (None, None)  # (resize, max_side): boxes follow them
 
     def add(self, k: int, res: tuple[Any, ...]) -> None:
         i, kind, payload, info, nbytes = res
@@ -404,6 +406,17 @@ class _Run:
             self.rejects.append({"path": self.source.rel[i], "reason": str(info)})
             return
         label, extras = self.source.labels[i], self.source.extras[i]
+        if "target" in extras or "boxes" in extras:  # boxes live in pixels: they follow a pack-time resize
+            try:
+                extras = _boxes_follow(extras, payload, kind, info, self.source.paths[i], self.resize)
+            except ValueError as exc:
+                self.bytes_in += nbytes
+                if self.strict:
+                    raise PttError(
+                        f"{self.source.rel[i]}: {exc} (drop --strict to list it in rejects)"
+                    ) from exc
+                self.rejects.append({"path": self.source.rel[i], "reason": str(exc)})
+                return
         key = f"{self.next_sample + len(self.items):09d}"
         if self.fmt == "tar":
             members = tar_sample_members(key, payload, kind, label, extras)
@@ -457,6 +470,41 @@ class _Run:
     def close(self, src_end: int) -> None:
         if self.items or self.rejects or src_end > self.src_start:
             self._flush(src_end)
+
+
+def _boxes_follow(
+    extras: dict[str, Any], payload: Any, kind: str, info: Any, path: str, resize: tuple[Any, Any]
+) -> dict[str, Any]:
+    """The extras with their boxes in the stored image's pixels (scaled when the pack resized it).
+
+    A detection ``target`` carries its annotated ``size``; the stored size must be that or what ``--resize`` /
+    ``--max-side`` make of it (else ``ValueError``: the file and its annotation disagree). A list's ``boxes`` column
+    (pixels, ``[x, y, x2|w, y2|h]``) is scaled by the stored size over the file's own header size."""
+    from pytorchtricks.data.detection import scale_boxes_json, scale_target_json
+    from pytorchtricks.shards.jpeg import image_size
+
+    stored = (int(info[0]), int(info[1])) if kind == "raw" else image_size(payload)
+    if "target" in extras:
+        t = extras["target"]
+        h0, w0 = t["size"]
+        if stored == (h0, w0):
+            return extras
+        from pytorchtricks.shards.sources import _target_hw
+
+        if stored != (_target_hw(h0, w0, *resize) or (h0, w0)):
+            raise ValueError(
+                f"the stored image is {stored[1]}x{stored[0]} (WxH) but its annotation says {w0}x{h0}: "
+                "the file and the annotation disagree (EXIF rotation?)"
+            )
+        return {**extras, "target": scale_target_json(t, stored)}
+    if resize == (None, None):
+        return extras
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 20)
+    orig = image_size(head)
+    if orig == stored:
+        return extras
+    return {**extras, "boxes": scale_boxes_json(extras["boxes"], orig, stored), "size": list(stored)}
 
 
 class _progress:
@@ -523,6 +571,16 @@ def _finish(
         "payload_bytes": sum(s["payload_bytes"] for s in shards),
         "bytes_out": sum(f["bytes"] for f in files),
     }
+    if source.detection is not None:
+        from pytorchtricks.data.detection import pack_summary
+
+        rejected = {r["path"] for r in manifest["rejects"]}
+        kept = [e["target"] for r, e in zip(source.rel, source.extras, strict=True) if r not in rejected]
+        from pytorchtricks.shards.sources import _target_hw
+
+        r = (options.get("resize"), options.get("max_side"))
+        sizes = [_target_hw(t["size"][0], t["size"][1], *r) or tuple(t["size"]) for t in kept]
+        manifest["detection"] = pack_summary(kept, source.detection, sizes)
     if fmt == "tar" and files:
         manifest["pattern"] = layout.brace_pattern(len(files))
     if fmt == "ptt":

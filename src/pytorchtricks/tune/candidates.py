@@ -45,6 +45,12 @@ def why_not(c: Candidate, facts: TuneFacts) -> str | None:
         )
     if "speed" not in c.gains and not facts.memory_search:
         return "saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)"
+    if facts.declared_step_s is not None and c.scope != "step":
+        return (
+            f"the step is declared ({facts.declared_step_s * 1e3:g} ms on the accelerator, --device-step-ms): "
+            "tune projects the loaders against it; a model trick changes the accelerator's own step, which "
+            "this machine cannot time - run ptt tune on the GPU machine for those"
+        )
     for need in c.needs:
         if need == "cuda" and facts.device != "cuda":
             return "needs a CUDA GPU; this run is on the CPU"

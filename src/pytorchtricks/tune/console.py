@@ -140,8 +140,37 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
             f"recommended: {escape(', '.join(res.recommended))} -> {speedup_text(res.combined)} images/s vs baseline "
             f"(measured {where_measured(res.phases_done)})"
         )
+        if res.workload.get("device_step_ms"):
+            lines.append(
+                f"(a projection for a {res.workload['device_step_ms']:g} ms accelerator step declared with "
+                "--device-step-ms: each loader fed a stand-in step that held the training process that long)"
+            )
+    elif res.unreliable:
+        lines.append(
+            "[bold red]no recommendation: the measurements are unreliable[/] - nothing below is a finding about "
+            "your setup; rerun on a quiet machine"
+        )
     else:
         lines.append("recommended: nothing beat the baseline by the margin; keep the current setup")
+    for why in res.unreliable:
+        lines.append(f"[red]unreliable:[/] {escape(why)}")
+    busy = [
+        f"{phase} {d['busy_share']:.0%}"
+        for phase, d in res.cpu.items()
+        if isinstance(d, dict) and "busy_share" in d
+    ]
+    if busy:
+        lines.append("CPU taken by other processes, per phase: " + ", ".join(busy))
+    sc = res.self_check or {}
+    if sc.get("median_s") and sc.get("tune_compute_alone_s"):
+        lines.append(
+            f"self-check: compute step {sc['median_s']:.3f} s in a fresh process vs {sc['tune_compute_alone_s']:.3f} s "
+            f"in tune ({sc['ratio']:.2f}x{'' if sc.get('agrees') else ', DISAGREE'})"
+        )
+    elif sc:
+        lines.append(f"self-check: {escape(str(sc.get('skipped') or sc.get('error')))}")
+    if res.phase_s:
+        lines.append("where the seconds went: " + ", ".join(f"{k} {v:.0f} s" for k, v in res.phase_s.items()))
     lines.append(
         f"{env.get('device_name')}, {env.get('threads')} threads, torch {env.get('torch')}; "
         f"{res.elapsed_s:.0f} s of a {res.budget_s:.0f} s budget. Ratios: medians of paired per-round ratios."

@@ -7,29 +7,37 @@ and otherwise does the core job itself with the measuring engine: ``Stopwatch`` 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.analysis.lint_rules import Finding
 from pytorchtricks.analysis.profile import bf16_native  # one definition, shared with ptt profile's tips
 from pytorchtricks.bench.alloc_events import quiet_peak_memory
-from pytorchtricks.clock import SavedTensorMeter, Stopwatch
+from pytorchtricks.clock import CpuMeter, CpuUse, SavedTensorMeter, Stopwatch, quantiles
+from pytorchtricks.core import PttError
 from pytorchtricks.quiet import filtered_stderr
 from pytorchtricks.tune.runner import Runner
 from pytorchtricks.tune.workload import Workload, pil_mode
 
-INPUT_BOUND_SHARE = 0.30  # data wait above this share of the step: the loop waits for data
+# a staged step whose own loader workers used more than this share of one core while it was timed was not alone
+WORKERS_ALIVE_CORES = 0.05
+ALONE_WINDOW_S = (
+    0.5  # the staged step is timed for at least this long: 50 of the kernel's 10 ms CPU-time ticks
+)
+# compute alone may come out this much above the whole step it is part of before the pair counts as inconsistent:
+# the timer's own spread on a quiet machine (a step's IQR is a few percent)
+ALONE_ABOVE_WHOLE = 1.10
 
 
 @dataclass
 class Diagnosis:
     split_s: dict[str, float]  # seconds per step, per stage
     step_s: float
-    verdict: str  # "input-bound" or "compute-bound"
+    verdict: str  # analysis.verdict: "input-bound", "CPU-contended" or "compute-bound"
     findings: list[Finding]
     memory: dict[str, Any]
     data_stages_s: dict[str, float]  # seconds per sample, per pipeline stage
@@ -44,25 +52,27 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     # ptt.doctor_data on the workload's files: what ptt.make_loader would deliver there (None: not run)
     data_doctor: dict[str, Any] | None = None
+    evidence: str = ""  # the verdict's measured evidence (analysis.verdict)
+    # CPU-seconds per whole step of the training process and of its loader workers (analysis.verdict.CoreSeconds)
+    core_seconds: dict[str, Any] | None = None
+    # who used the CPU while each part of the diagnosis was measured (clock.CpuUse.as_dict(), by part)
+    cpu: dict[str, Any] = field(default_factory=dict)
+    # why the diagnosis's figures are not to be trusted (a busy machine, figures that contradict each other)
+    unreliable: list[str] = field(default_factory=list)
+    remeasured: list[str] = field(default_factory=list)  # what was measured again, and why
+    busy: str | None = None  # analysis.verdict.machine_busy while the diagnosis measured (None: quiet enough)
+    step_q1_s: float | None = None  # the spread of the whole step over the split's steps
+    step_q3_s: float | None = None
 
+    @property
+    def certain(self) -> bool:
+        return not self.unreliable
 
-def oversubscribed() -> str | None:
-    """A message when other processes keep the CPU busy while OpenMP threads spin-wait (None otherwise).
-
-    With more runnable processes than cores, torch's OpenMP threads spin waiting for each other and a step can
-    run 10x slower (measured on a shared 2-core machine: ResNet-18 step 10 s vs 0.8 s with passive waiting).
-    """
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    if load <= cores or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
-        return None
-    return (
-        f"load average {load:.1f} on {cores} cores: OpenMP threads spin-wait while other processes run, which can "
-        "slow steps many-fold and makes every ratio noisy"
-    )
+    @property
+    def loader_can_help(self) -> bool:
+        """A loader that spends fewer CPU-seconds per sample may speed this step up (or the figures cannot
+        rule it out)."""
+        return self.verdict in judge.LOADER_CAN_HELP or not self.certain
 
 
 def conv_bn_pairs(model: nn.Module) -> tuple[list[str], int]:
@@ -165,30 +175,88 @@ def run_data_doctor(w: Workload, compute_s: float, data_s: float, budget_s: floa
     }, ""
 
 
-def _staged_step_s(w: Workload, steps: int) -> float | None:
-    """Seconds of the same step with two batches staged in memory: what the step costs with no loader running."""
+class WorkersAlive(PttError):
+    """The compute step was timed while loader workers of ours were still running: the figure is refused."""
+
+
+def _staged_step_s(w: Workload, steps: int) -> tuple[float | None, CpuUse | None]:
+    """Seconds of the same step with two batches staged in memory: what the step costs with no loader running,
+    and who used the CPU meanwhile. No loader process of ours may be alive then: the batches are read (and their
+    loader shut down) first, and a timing during which descendants of this process still used CPU is refused
+    (``WorkersAlive``) - see ``staged_alone``."""
     from pytorchtricks.clock import time_call
     from pytorchtricks.tune.runner import stage_batches
 
     if w.data_kind == "synthetic" and w.num_workers == 0:
-        return None
-    r = Runner(w, (), batches=stage_batches(w, 2))
+        return None, None
+    batches = stage_batches(w, 2)  # its loader (and workers) are closed when it returns
+    r = Runner(w, (), batches=batches)
     try:
         r.step()
-        return min(time_call(r.step, w.device)[1] for _ in range(max(1, min(steps, 3))))
+        times: list[float] = []
+        with CpuMeter() as cm:  # at least ALONE_WINDOW_S of steps: the kernel counts CPU time in 10 ms ticks
+            while len(times) < max(1, min(steps, 3)) or (sum(times) < ALONE_WINDOW_S and len(times) < 200):
+                times.append(time_call(r.step, w.device)[1])
     finally:
         r.close()
+    assert cm.result is not None
+    staged_alone(cm.result)
+    return min(times), cm.result
 
 
-def step_split(runner: Runner, steps: int, warmup: int = 2) -> tuple[dict[str, float], float]:
-    """Mean seconds per step in each stage over ``steps`` steps (after ``warmup``), and the mean step time."""
+def staged_alone(use: CpuUse) -> None:
+    """Raise ``WorkersAlive`` when processes of ours (loader workers) used CPU while the staged step was timed."""
+    if use.wall_s > 0 and use.workers_cpu_s / use.wall_s > WORKERS_ALIVE_CORES:
+        raise WorkersAlive(
+            f"{use.workers} process(es) of this job used {use.workers_cpu_s:.2f} CPU-s while the compute step "
+            f"was timed alone ({use.wall_s:.2f} s): a loader was still running, so the figure is refused"
+        )
+
+
+def step_split(
+    runner: Runner, steps: int, warmup: int = 2, per_step: list[float] | None = None
+) -> tuple[dict[str, float], float]:
+    """Mean seconds per step in each stage over ``steps`` steps (after ``warmup``), and the mean step time;
+    ``per_step`` (when given) receives each step's own seconds."""
     for _ in range(warmup):
         runner.step()
     sw = Stopwatch(runner.w.device)
     for _ in range(steps):
+        before = sw.total_s
         runner.step(sw)
+        if per_step is not None:
+            per_step.append(sw.total_s - before)
     split = {k: v / steps for k, v in sw.totals_s.items()}
     return split, sum(split.values())
+
+
+def inconsistencies(
+    step_s: float, step_q1_s: float, step_q3_s: float, alone_s: float | None, wait_s: float
+) -> list[str]:
+    """What in the diagnosis's own figures contradicts itself, or is too noisy to decide on (empty: none).
+
+    - compute alone above the whole step it is part of (beyond ``ALONE_ABOVE_WHOLE``): one of the two was timed
+      on a machine doing something else;
+    - a spread wider than the effect: the steps' own quartiles put the input pipeline's share on both sides of
+      the input-bound threshold, so the verdict would depend on which step was timed."""
+    out = []
+    if alone_s is not None and alone_s > ALONE_ABOVE_WHOLE * step_s:
+        out.append(
+            f"the compute step alone ({alone_s:.3f} s) was slower than the whole step it is part of "
+            f"({step_s:.3f} s with the loader)"
+        )
+    t = judge.INPUT_BOUND_SHARE
+
+    def share(x: float) -> float:
+        return max(wait_s / x if x > 0 else 0.0, (1 - alone_s / x) if alone_s and x > 0 else 0.0)
+
+    lo, hi = sorted((share(step_q1_s), share(step_q3_s)))
+    if lo < t <= hi:
+        out.append(
+            f"the whole step's spread ({step_q1_s:.3f}-{step_q3_s:.3f} s) puts the input pipeline's share at "
+            f"{lo:.0%}-{hi:.0%}, on both sides of the {t:.0%} that decides the verdict"
+        )
+    return out
 
 
 def memory_facts(runner: Runner, *, peak: bool = True) -> dict[str, Any]:
@@ -235,24 +303,69 @@ def _lint_findings(model: nn.Module, example: torch.Tensor, w: Workload) -> tupl
     return out, None
 
 
+def _whole(runner: Runner, steps: int) -> tuple[dict[str, float], float, list[float], CpuUse]:
+    """The whole step (the loader beside it) over ``steps`` steps: split, mean, each step, who used the CPU."""
+    per: list[float] = []
+    with CpuMeter() as cm:
+        split, step_s = step_split(runner, steps, warmup=0, per_step=per)
+    assert cm.result is not None
+    return split, step_s, per, cm.result
+
+
+def _alone(w: Workload, steps: int, notes: list[str]) -> tuple[float | None, CpuUse | None]:
+    """``_staged_step_s``, once more after a pause when our own loader workers were still running the first time
+    (they finish the batches in hand before they exit); a second refusal leaves the figure out, said."""
+    from pytorchtricks.clock import Deadline
+
+    for attempt in range(2):
+        try:
+            return _staged_step_s(w, steps)
+        except WorkersAlive as exc:
+            if attempt:
+                notes.append(f"compute alone not measured: {exc}")
+                return None, None
+            dl = Deadline(2.0)
+            while not dl.expired:  # the workers' shutdown, not a fixed sleep: poll our children
+                if not _children_alive():
+                    break
+    return None, None
+
+
+def _children_alive() -> bool:
+    import psutil
+
+    try:
+        return any(c.status() != psutil.STATUS_ZOMBIE for c in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return False
+
+
 def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     """Run the diagnosis on a fresh baseline configuration of ``w``, in about ``budget_s`` seconds.
 
-    One warm-up step sizes the rest: up to 4 timed steps for the split, and the profiled peak-memory step only
-    when it fits.
+    One warm-up step sizes the rest: up to 4 timed whole steps for the split (with the CPU-seconds of the training
+    process and its loader workers), the compute step alone once the loader has shut down, and the profiled
+    peak-memory step only when it fits. The figures check each other (``inconsistencies``): when they disagree the
+    step is measured once more, and what still disagrees makes the diagnosis ``unreliable``, as does a machine
+    other programs kept busy (``analysis.verdict.machine_busy``).
     """
     from pytorchtricks.clock import time_call
 
     notes: list[str] = []
+    remeasured: list[str] = []
+    threads = torch.get_num_threads()
     runner = Runner(w, ())
     try:
         runner.step()  # first call pays lazy init
         _, t0 = time_call(runner.step, w.device)
         steps = max(1, min(4, int(0.4 * budget_s / max(t0, 1e-6))))
-        split, step_s = step_split(runner, steps, warmup=0)
-        compute_alone_s = _staged_step_s(w, steps)
-        memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
-        if "step_peak_bytes" not in memory:
+        split, step_s, per, whole_use = _whole(runner, steps)
+        if w.device_step_s is not None:  # the step runs on the accelerator: its memory is not this machine's
+            memory = {"params_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters())}
+            notes.append("the step is declared (--device-step-ms): its memory was not measured here")
+        else:
+            memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
+        if "step_peak_bytes" not in memory and w.device_step_s is None:
             notes.append(
                 "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
             )
@@ -262,12 +375,40 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
         has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
         lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
     finally:
-        runner.close()
+        runner.close()  # the loader's workers end here: compute alone is timed with none of ours running
+    compute_alone_s, alone_use = _alone(w, steps, notes)
+
+    def wait_of(sp: dict[str, float]) -> float:
+        return sp.get("data wait", 0.0) + sp.get("host->device", 0.0)
+
+    q1, _, q3 = quantiles(per)
+    problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split))
+    if problems:  # measured once more, with twice the steps, before anything is concluded from them
+        remeasured.append("; ".join(problems))
+        runner = Runner(w, ())
+        try:
+            runner.step()
+            split, step_s, per, whole_use = _whole(runner, 2 * steps)
+        finally:
+            runner.close()
+        compute_alone_s, alone_use = _alone(w, steps, notes)
+        q1, _, q3 = quantiles(per)
+        problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split))
+    unreliable = list(problems)
+    alone_for_verdict = compute_alone_s
+    if compute_alone_s is not None and compute_alone_s > ALONE_ABOVE_WHOLE * step_s:
+        alone_for_verdict = None  # still above the whole step: not a figure to conclude from
+    cpu = {"whole step": whole_use} | ({"compute alone": alone_use} if alone_use is not None else {})
+    busy = judge.machine_busy(CpuUse.added(list(cpu.values())), threads)
+    if busy:
+        unreliable.append(f"the machine was busy while the diagnosis measured: {busy}")
+    cs = judge.CoreSeconds.of(whole_use, len(per))
+    v = judge.judge(step_s, wait_of(split), compute_alone_s=alone_for_verdict, core_seconds=cs)
     if lint_note:
         notes.append(lint_note)
     from pytorchtricks.analysis.memory import memory_breakdown as breakdown
 
-    if w.for_ == "train":
+    if w.for_ == "train" and w.device_step_s is None:
         try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -293,16 +434,32 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 source="tune",
             )
         )
-    busy = oversubscribed()
     if busy:
         findings.append(
             Finding(
                 "PTD004",
-                "cpu-oversubscribed",
+                "machine-busy",
                 "machine",
                 busy,
-                "noisy, slower steps",
-                "OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before Python starts)",
+                "steps slower and noisier than the job's own: ratios and the verdict are uncertain",
+                "rerun when the machine is quiet; if it never is, OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before "
+                "Python starts) stops OpenMP threads spinning against the other programs",
+                source="tune",
+            )
+        )
+    over = judge.oversubscription(threads, w.num_workers, whole_use.cores)
+    if over and compute_alone_s:
+        cost = max(0.0, 1 - compute_alone_s / step_s)
+        findings.append(
+            Finding(
+                "PTD005",
+                "cpu-oversubscribed",
+                f"torch.set_num_threads({threads}) + DataLoader(num_workers={w.num_workers})",
+                f"{over}; measured: the step takes {step_s:.2f} s beside its loader and {compute_alone_s:.2f} s "
+                f"alone ({cost:.0%} of it)",
+                f"{cost:.0%} of every step",
+                "spend fewer CPU-seconds per sample (ptt.cache_in_ram, ptt pack at the training size): tune "
+                "measures each below",
                 source="tune",
             )
         )
@@ -319,23 +476,17 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
                 source="tune",
             )
         )
-    wait_share = split.get("data wait", 0.0) / step_s if step_s > 0 else 0.0
-    taken = max(0.0, 1 - compute_alone_s / step_s) if step_s > 0 and compute_alone_s else 0.0
-    share = max(wait_share, taken)
-    verdict = "input-bound" if share >= INPUT_BOUND_SHARE else "compute-bound"
-    if verdict == "input-bound":
+    if v.loader_can_help:
         findings.append(
             Finding(
-                "PTD001",
-                "input-bound",
+                "PTD001" if v.name == judge.INPUT_BOUND else "PTD006",
+                v.name.lower(),
                 f"DataLoader(num_workers={w.num_workers})",
-                f"the input pipeline costs {share:.0%} of the step ({step_s:.2f} s with the loader vs "
-                f"{compute_alone_s:.2f} s with the batches staged; {wait_share:.0%} spent waiting for data, the rest "
-                "the decoding workers taking cores from the training threads), loaded "
+                f"{v.evidence}; loaded "
                 + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
-                f"{share:.0%} of every step",
-                "decode less per step: ptt.make_loader (crop-aware decode), ptt.cache_in_ram or ptt pack; "
-                "tune measures each below",
+                f"{v.input_share:.0%} of every step",
+                v.fix + "; tune measures each below",
+                source="tune",
             )
         )
     if w.batch_size % 8 and not any(f.id == "PTL003" for f in findings):
@@ -370,9 +521,17 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     return Diagnosis(
         split_s=split,
         step_s=step_s,
-        verdict=verdict,
-        input_share=share,
+        verdict=v.name,
+        input_share=v.input_share,
         compute_alone_s=compute_alone_s,
+        evidence=v.evidence,
+        core_seconds=cs.as_dict(),
+        cpu={k: u.as_dict() for k, u in cpu.items()},
+        unreliable=unreliable,
+        remeasured=remeasured,
+        busy=busy,
+        step_q1_s=q1,
+        step_q3_s=q3,
         findings=findings,
         memory=memory,
         data_stages_s=stages,

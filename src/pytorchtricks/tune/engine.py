@@ -25,12 +25,14 @@ the measured step peak by ``MEMORY_MARGIN``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any
 
 import torch
 
-from pytorchtricks.clock import Comparison, Deadline, environment
+from pytorchtricks.analysis.verdict import machine_busy
+from pytorchtricks.clock import Comparison, CpuMeter, CpuUse, Deadline, environment
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.tunable import TuneSkip
@@ -47,6 +49,7 @@ from pytorchtricks.tune.measuring import (
     CandidateResult,
     Measured,
     Progress,
+    Status,
     TuneResult,
     facts_of,
     measure_variants,
@@ -106,7 +109,7 @@ def _priority(diag: Diagnosis) -> list[str]:
     ids = {f.id for f in diag.findings}
     cands = all_candidates()
     first = [c.name for c in cands if c.hook.fixes and c.hook.fixes in ids]
-    if diag.verdict == "input-bound":
+    if diag.loader_can_help:
         first += [c.name for c in cands if c.scope == "step" and c.name not in first]
     return first + [c.name for c in cands if c.name not in first]
 
@@ -123,70 +126,88 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         dl
     )  # correctness checks and one-time builds: 30% of what is left
     facts = facts_of(w, diag, time_left_s(dl), goal=goal)  # once: it reads the model and every file's size
-    for name in _priority(diag):
-        c = by_name(name)
-        facts.budget_left_s = time_left_s(dl)
-        reason = why_not(c, facts)
-        if reason is None and dl.elapsed_s > checks_until:
-            reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
-        if reason is not None:
-            rows[name] = CandidateResult(c.name, "skipped", reason, c.exact)
-        else:
-            try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
-                prepare_all(w, (c.name,))
-            except TuneSkip as exc:
-                rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
-                prog.advance()
-                continue
-            try:
-                chk = check(w, (c.name,))
-            except TuneSkip as exc:  # the hook found nothing to change on this model
-                rows[name] = CandidateResult(c.name, "skipped", str(exc), c.exact)
-                prog.advance()
-                continue
-            if chk.passed:
-                rows[name] = CandidateResult(c.name, "measuring", "", c.exact, check=chk)
-                to_measure.append(c.name)
-            else:
+    with _metered(res, "check candidates"):
+        for name in _priority(diag):
+            c = by_name(name)
+            facts.budget_left_s = time_left_s(dl)
+            reason = why_not(c, facts)
+            dropped = reason is None and dl.elapsed_s > checks_until
+            if dropped:
+                reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
+            if reason is not None:
                 rows[name] = CandidateResult(
-                    c.name, "failed", f"correctness check failed: {chk.detail}", c.exact, check=chk
+                    c.name, Status.SKIPPED, reason, c.exact, dropped_for_time=dropped
                 )
-        prog.advance()
+            else:
+                try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
+                    prepare_all(w, (c.name,))
+                except TuneSkip as exc:
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
+                    prog.advance()
+                    continue
+                try:
+                    chk = check(w, (c.name,))
+                except TuneSkip as exc:  # the hook found nothing to change on this model
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
+                    prog.advance()
+                    continue
+                if chk.passed:
+                    rows[name] = CandidateResult(c.name, Status.MEASURING, "", c.exact, check=chk)
+                    to_measure.append(c.name)
+                else:
+                    rows[name] = CandidateResult(
+                        c.name, Status.FAILED, f"correctness check failed: {chk.detail}", c.exact, check=chk
+                    )
+            prog.advance()
     res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
-    share = 0.5 * time_left_s(dl)
     t_compute = compute_step_s(diag)
     est = {n: whole_step_estimate(rows[n], w, t_compute, t) for n in to_measure}
     mem = goal != "speed"  # the peak-memory step of every staged variant only when memory is a goal
     units = max(1, w.num_workers)  # steps per timed call of a whole-step variant (one per loader worker)
-    dropped: list[str] = []
-    while to_measure and _one_run(to_measure, t, t_compute, share, est, mem, units) is None:
-        dropped.append(to_measure.pop())  # lowest priority first
-    for name in dropped:  # the numbers the plan was made on
-        rows[name].status = "skipped"
+    share, kept, forced = measuring_share(
+        to_measure,
+        time_left_s(dl),
+        lambda names, b: _one_run(names, t, t_compute, b, est, mem, units) is not None,
+    )
+    left_out = to_measure[kept:]
+    to_measure = to_measure[:kept]
+    for name in left_out:  # the numbers the plan was made on
+        rows[name].status, rows[name].dropped_for_time = Status.SKIPPED, True
         rows[name].reason = (
             f"{DROPPED_FOR_TIME[1]}: {share:.0f} s of the budget were left for measuring, enough for "
             f"{len(to_measure)} candidate(s) in >= 3 interleaved rounds at {t:.2f} s per whole step "
             f"({t_compute:.2f} s per compute step) (raise --time-budget)"
         )
     if not to_measure:
-        if any(r.status == "skipped" and r.reason.startswith(DROPPED_FOR_TIME) for r in rows.values()):
-            res.notes.append(f"the time budget is too short for an interleaved A/B at {t:.2f} s per step")
+        if any(r.dropped_for_time for r in rows.values()):
+            res.notes.append(
+                f"the time budget is too short for an interleaved A/B at {t:.2f} s per step: even its minimum "
+                f"(3 rounds of baseline and one candidate) needs over twice the {time_left_s(dl):.0f} s left"
+            )
         return []
-    run = _one_run(to_measure, t, t_compute, share, est, mem, units)
-    assert run is not None
+    if forced:
+        res.notes.append(
+            f"the {share:.0f} s left fit no interleaved A/B of 3 full rounds at {t:.2f} s per step: "
+            f"{to_measure[0]} was measured in the minimum run anyway (the run may end past its budget)"
+        )
+    run = _one_run(to_measure, t, t_compute, share, est, mem, units) or _minimum_run(
+        to_measure, t, t_compute, est, units
+    )
     (rounds, _, _), variants, whole, steps = run
     prog.phase(f"measure {len(to_measure)} candidates ({rounds} interleaved rounds)", rounds)
     staged = len(whole) < len(variants)
-    got, cmp = measure_variants(
-        w,
-        variants,
-        step_s=steps,
-        budget_s=share,
-        memory=staged and mem,
-        on_round=lambda _r: prog.advance(),
-        batches=stage_batches(w) if staged else None,
-        whole_step=whole,
-    )
+    batches = stage_batches(w) if staged else None
+    with _metered(res, "measure"):
+        got, cmp = measure_variants(
+            w,
+            variants,
+            step_s=steps,
+            budget_s=share,
+            memory=staged and mem,
+            on_round=lambda _r: prog.advance(),
+            batches=batches,
+            whole_step=whole,
+        )
     if whole and staged:  # loader settings: paired against the whole-step baseline of the same rounds
         for name in whole:
             m = got[name]
@@ -205,13 +226,44 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
         if m.scope == "compute":
             why += " on the compute step (batches staged in memory)"
         why += _payback(w, cr, m, ref)
-        cr.status, cr.reason = ("kept", why) if ok else ("rejected", why)
+        cr.status, cr.reason = (Status.KEPT, why) if ok else (Status.REJECTED, why)
     res.phases_done.append("candidates")
-    winners = [n for n in to_measure if rows[n].status == "kept"]
+    winners = [n for n in to_measure if rows[n].status is Status.KEPT]
     # best first: biggest measured speed ratio (ties by name, so the order is deterministic); a trick that
     # tunes what the others built (a loader sweep) comes after all of them
     ranked = sorted(winners, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
     return _group_ties_first(ranked, meas)
+
+
+def measuring_share(names: list[str], left_s: float, fits: Any) -> tuple[float, int, bool]:
+    """How much of the ``left_s`` seconds the candidates' run takes, and how many of ``names`` (in priority
+    order) it measures: (seconds, how many, forced). ``fits(names, seconds)`` says whether a run fits.
+
+    Half of what is left, keeping the other half to combine and verify the winners; the longest prefix of
+    ``names`` that fits. When not even one fits in half, one candidate may take nearly all of it (nothing is left
+    to combine, and its run is the receipt's figure); when even that is short, the top candidate is measured in
+    the minimum run (``forced``) as long as that needs at most twice the time left - a run never stops at half
+    its budget saying the budget was too short."""
+    for share in (0.5 * left_s, 0.95 * left_s):
+        n = len(names)
+        while n and not fits(names[:n], share):
+            n -= 1
+        if n:
+            return share, n, False
+    if names and fits(names[:1], 2 * left_s):
+        return 0.95 * left_s, 1, True
+    return 0.95 * left_s, 0, False
+
+
+def _minimum_run(
+    names: list[str], t: float, t_compute: float, est: dict[str, float], units: int
+) -> tuple[tuple[int, float, bool], dict[str, tuple[str, ...]], tuple[str, ...], dict[str, float]]:
+    """The smallest interleaved run of ``names`` (3 rounds, the shortest blocks, no memory step): what a forced
+    measurement runs when no plan fits the time left."""
+    run = _one_run(names, t, t_compute, float("inf"), est, False, units)
+    assert run is not None
+    (_, _, _), variants, whole, steps = run
+    return (3, MIN_BLOCK_S, False), variants, whole, steps
 
 
 def _group_ties_first(ranked: list[str], meas: dict[str, Measured]) -> list[str]:
@@ -510,33 +562,42 @@ def run_tune(
     import_cpp_extension_quietly()  # torch.utils.benchmark's import warns about CUDA_HOME on a driverless box
     res = TuneResult(workload=describe(w), env=environment(w.device), goal=goal, budget_s=budget)
     res.notes.extend(w.notes)
+    inner = Deadline(max(1.0, dl.remaining_s - _self_check_reserve_s(budget)))  # the self-check runs after
+    winners: list[str] = []
     try:
         with _seeded(0):
             prog.phase("diagnose", None)
-            res.diagnosis = diagnose(w, budget_s=0.09 * time_left_s(dl))
+            with _metered(res, "diagnose"):
+                res.diagnosis = diagnose(w, budget_s=0.09 * time_left_s(inner))
+            if res.diagnosis.busy:
+                _remeasure_when_quiet(w, res, inner, prog)
             res.notes.extend(res.diagnosis.notes)
             res.phases_done.append("diagnose")
             if memory_mode:
-                run_memory_search(w, res, dl, goal, budget_bytes, budget_share, prog)
+                run_memory_search(w, res, inner, goal, budget_bytes, budget_share, prog)
                 res.phases_done.append("memory")
             else:
-                winners = _phase_candidates(w, res, dl, goal, prog)
-                if not winners:
-                    res.notes.append("no trick beat the baseline by the margin: keep the current setup")
-                else:
-                    combo = (
-                        _phase_combine(w, res, winners, dl, goal, prog) if len(winners) > 1 else (winners[0],)
-                    )
+                winners = _phase_candidates(w, res, inner, goal, prog)
+                if winners:
+                    combo: tuple[str, ...] = (winners[0],)
+                    if len(winners) > 1:
+                        with _metered(res, "combine"):
+                            combo = _phase_combine(w, res, winners, inner, goal, prog)
                     singles = [n for n in winners if n in combo] if len(combo) > 1 else []
-                    _phase_verify(w, res, combo, singles, dl, prog)
+                    with _metered(res, "verify"):
+                        _phase_verify(w, res, combo, singles, inner, prog)
+        _self_check(w, res, dl, prog)
     except KeyboardInterrupt:
         res.interrupted = True
         for c in res.candidates:
-            if c.status == "measuring":
-                c.status, c.reason = "skipped", "interrupted (Ctrl-C) before it was measured"
+            if c.status is Status.MEASURING:
+                c.status, c.reason = Status.SKIPPED, "interrupted (Ctrl-C) before it was measured"
         res.notes.append("interrupted (Ctrl-C): the receipt holds what was measured before that")
     finally:
         prog.done()
+    _judge_reliability(res)
+    if not memory_mode and not res.recommended and not res.interrupted:
+        res.notes.append(no_recommendation(res))
     # what the one-time builds said while the run went on (an arena left in /dev/shm, a pack left on disk: where,
     # how big, how to remove it)
     res.notes.extend(n for n in dict.fromkeys(w.notes) if n not in res.notes)
@@ -546,6 +607,141 @@ def run_tune(
             f"ran {dl.elapsed_s - budget:.0f} s over the {budget:.0f} s budget (a loaded machine?)"
         )
     return res
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a busy machine, figures that check themselves, where the seconds went
+
+QUIET_WINDOW_S = 2.0  # one look at the machine's load while waiting for it to drop
+MEASURING_PHASES = ("diagnose", "measure", "combine", "verify")  # phases whose timings decide something
+
+
+@contextlib.contextmanager
+def _metered(res: TuneResult, phase: str) -> Any:
+    """Account a phase: its wall seconds (``res.phase_s``) and who used the CPU meanwhile (``res.cpu``, with
+    ``busy``: ``analysis.verdict.machine_busy``)."""
+    cm = CpuMeter()
+    try:
+        with cm:
+            yield
+    finally:
+        if cm.result is not None:
+            _record(res, phase, cm.result)
+
+
+def _record(res: TuneResult, phase: str, use: CpuUse) -> None:
+    res.phase_s[phase] = res.phase_s.get(phase, 0.0) + use.wall_s
+    prev = res.cpu.get(phase)
+    if prev is not None:  # a phase run twice (the diagnosis measured again): the figures of both, added
+        use = CpuUse.added([CpuUse(**{k: prev[k] for k in _CPU_FIELDS}), use]) or use
+    d = use.as_dict()
+    # a phase shorter than one look at the load is too short to call busy (one burst of a neighbour would)
+    d["busy"] = machine_busy(use, torch.get_num_threads()) if use.wall_s >= QUIET_WINDOW_S else None
+    res.cpu[phase] = d
+
+
+_CPU_FIELDS = (
+    "wall_s", "cores", "machine_cores", "main_cpu_s", "workers_cpu_s", "others_cpu_s", "steal_s", "run_queue",
+    "top_others", "workers",
+)  # fmt: skip
+
+
+def wait_for_quiet(max_s: float, threads: int, look: Any = None) -> tuple[bool, float]:
+    """Watch the machine in ``QUIET_WINDOW_S`` windows for up to ``max_s``: (whether a window was quiet enough
+    for the step's ``threads``, seconds waited). ``look()`` returns one window's ``CpuUse`` (tests inject it)."""
+    import threading
+
+    def window() -> CpuUse:
+        with CpuMeter() as cm:
+            threading.Event().wait(QUIET_WINDOW_S)
+        assert cm.result is not None
+        return cm.result
+
+    look = look or window
+    dl = Deadline(max_s)
+    for _ in range(max(1, int(max_s // QUIET_WINDOW_S))):
+        if machine_busy(look(), threads) is None:
+            return True, dl.elapsed_s
+    return False, dl.elapsed_s
+
+
+def _remeasure_when_quiet(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> None:
+    """The diagnosis ran on a busy machine: wait (up to 15% of what is left) for the load to drop and measure it
+    once more; when it does not drop, the run goes on with its figures marked unreliable."""
+    diag = res.diagnosis
+    assert diag is not None
+    max_wait = min(60.0, 0.15 * time_left_s(dl))
+    prog.phase(f"machine busy: waiting up to {max_wait:.0f} s for the load to drop", None)
+    prog.log(f"the machine is busy: {diag.busy}")
+    with _metered(res, "wait for a quiet machine"):
+        quiet, waited = wait_for_quiet(max_wait, torch.get_num_threads())
+    if not quiet:
+        res.notes.append(
+            f"the machine was busy during the diagnosis and stayed busy for the {waited:.0f} s tune waited: "
+            f"{diag.busy}"
+        )
+        return
+    prog.phase("diagnose again (the load dropped)", None)
+    with _metered(res, "diagnose"):
+        again = diagnose(w, budget_s=0.09 * time_left_s(dl))
+    again.remeasured.insert(0, f"the machine was busy ({diag.busy}); measured again after {waited:.0f} s")
+    res.diagnosis = again
+
+
+def _self_check_reserve_s(budget: float) -> float:
+    return min(15.0, 0.06 * budget)
+
+
+def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> None:
+    """The compute step alone in a fresh process beside tune's own figure (``tune.selfcheck``)."""
+    from pytorchtricks.tune.selfcheck import compare_figures, request, run_fresh
+
+    diag = res.diagnosis
+    if diag is None or res.interrupted:
+        return
+    if w.device_step_s is not None:
+        res.self_check = {
+            "skipped": "the step is declared (--device-step-ms): there is no step of this machine's to check"
+        }
+        return
+    req = request(res.workload, torch.get_num_threads())
+    if req is None:
+        res.self_check = {
+            "skipped": "the model is an object of the user's process: a fresh one cannot rebuild it"
+        }
+        return
+    prog.phase("self-check: the compute step in a fresh process", None)
+    with _metered(res, "self-check"):
+        # a fresh interpreter imports torch and builds the model first: seconds, more on a busy machine
+        fresh = run_fresh(req, timeout_s=max(90.0, 20 * (diag.compute_alone_s or diag.step_s)))
+    res.self_check = compare_figures(diag.compute_alone_s, fresh)
+
+
+def _judge_reliability(res: TuneResult) -> None:
+    """Collect why the run's figures cannot be trusted: the diagnosis's own doubts, a busy machine in any phase
+    that timed something, a self-check that disagrees with tune's figure."""
+    out = list(res.diagnosis.unreliable) if res.diagnosis is not None else []
+    for phase in MEASURING_PHASES:
+        busy = (res.cpu.get(phase) or {}).get("busy")
+        if busy and phase != "diagnose":  # the diagnosis's own figure is in its unreliable list already
+            out.append(f"the machine was busy while tune measured ({phase}): {busy}")
+    sc = res.self_check or {}
+    if sc.get("agrees") is False:
+        out.append(
+            f"self-check: the compute step took {sc['median_s']:.3f} s in a fresh process and "
+            f"{sc['tune_compute_alone_s']:.3f} s in tune's diagnosis ({sc['ratio']:.2f}x apart)"
+        )
+    res.unreliable = list(dict.fromkeys(out))
+
+
+def no_recommendation(res: TuneResult) -> str:
+    """What a run that recommends nothing says: a measured finding only when its figures are reliable."""
+    if res.unreliable:
+        return (
+            "no recommendation: the measurements are unreliable (" + "; ".join(res.unreliable) + "). A trick "
+            "that did not clear the margin here may still win: rerun `ptt tune` on a quiet machine"
+        )
+    return "no trick beat the baseline by the margin: keep the current setup"
 
 
 @contextlib.contextmanager
@@ -575,40 +771,77 @@ def describe(w: Workload) -> dict[str, Any]:
         "for": w.for_,
         "device": str(w.device),
         "num_outputs": w.num_outputs,
+        # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
+        "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),
     }
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TuneConfig:
+    """Everything ``ptt tune`` takes - the CLI's flags as one value: ``ptt.tune_model(ptt.TuneConfig(...))``.
+
+    ``model``: ``torchvision:NAME``, ``package.module:factory``, ``path.py:factory`` or a module object (default: a
+    ResNet-18 on the built-in image set); ``data``: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for
+    the built-in set. ``input_shape`` is one sample's C,H,W (default: the model's channels, ``input_size`` px);
+    ``num_workers`` the loader workers the user's loop already uses (the baseline loads with them).
+    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
+    batch is the fastest that fits. ``script``: where the model, optimizer and loader come from in the user's script
+    (``ptt doctor run --tune``). ``device_step_ms``: the accelerator's step, declared (a projection for it).
+    """
+
+    model: str | torch.nn.Module | None = None
+    data: str | None = None
+    batch_size: int | str | None = None
+    input_size: int | None = None
+    input_shape: str | tuple[int, ...] | None = None
+    num_workers: int = 2
+    goal: str = "speed"
+    for_: str = "train"
+    time_budget_s: float | None = None
+    device: str | None = "cpu"
+    out: str | None = "tune-out"  # the receipt's folder, replaced atomically; None: write nothing
+    memory_budget: str | int | None = None
+    optimizer: tuple[str, dict[str, Any]] | None = None
+    script: dict[str, Any] | None = None
+    device_step_ms: float | None = None
+
+
 def tune_model(
-    model: str | torch.nn.Module | None = None,
+    model: str | torch.nn.Module | TuneConfig | None = None,
     data: str | None = None,
     *,
-    batch_size: int | str | None = None,
-    input_size: int | None = None,
-    input_shape: str | tuple[int, ...] | None = None,
-    num_workers: int = 2,
-    goal: str = "speed",
-    for_: str = "train",
-    time_budget_s: float | None = None,
-    device: str | None = "cpu",
-    out: str | None = "tune-out",
     progress: Progress | None = None,
-    memory_budget: str | int | None = None,
-    optimizer: tuple[str, dict[str, Any]] | None = None,
-    script: dict[str, Any] | None = None,
+    **options: Any,
 ) -> TuneResult:
     """Tune a model on its data and (with ``out``) write the receipt: report.html, results.jsonl, apply.py.
 
-    MODEL: ``torchvision:NAME``, ``package.module:factory`` or ``path.py:factory`` (default: a ResNet-18 on the
-    built-in image set); DATA: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for the built-in set. Bad input raises
-    ``PttError`` before anything is written; the folder ``out`` is replaced atomically. ``input_shape`` is one
-    sample's C,H,W (default: the model's channels, ``input_size`` px); ``num_workers`` the loader workers the
-    user's loop already uses (the baseline loads with them; tune does not recommend what is already there).
-    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
-    batch is the fastest that fits (``ptt.find_batch_size``), and the search runs at it. ``script``: where the
-    model, optimizer and loader come from in the user's script (``ptt doctor run --tune``): apply.py then says which
-    of its lines each trick changes.
+    Takes a ``TuneConfig``, or its fields as keywords (``tune_model("torchvision:resnet18", "photos/",
+    batch_size=64)``, a thin convenience over the config). Bad input raises ``PttError`` before anything is
+    written; ``progress`` receives the phases as they run.
     """
+    if isinstance(model, TuneConfig):
+        if data is not None or options:
+            raise PttError("pass a TuneConfig alone, or the options as keywords - not both.")
+        cfg = model
+    else:
+        try:
+            cfg = TuneConfig(model, data, **options)
+        except TypeError as exc:
+            raise PttError(f"tune_model: {exc}; the options are TuneConfig's fields.") from None
+    return _tune(cfg, progress)
+
+
+def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
+    model, data, batch_size, input_size, input_shape = (
+        cfg.model, cfg.data, cfg.batch_size, cfg.input_size, cfg.input_shape,
+    )  # fmt: skip
+    num_workers, goal, for_, time_budget_s, device, out = (
+        cfg.num_workers, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.device, cfg.out,
+    )  # fmt: skip
+    memory_budget, optimizer, script, device_step_ms = (
+        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms,
+    )  # fmt: skip
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
     budget_bytes, _ = parse_budget(memory_budget)  # a bad size is said before the workload is built
@@ -635,7 +868,7 @@ def tune_model(
         raise PttError(f"--batch-size must be a positive integer or auto, not {batch_size!r}.")
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
-        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer,
+        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer, device_step_ms=device_step_ms,
     )  # fmt: skip
     if auto_note:
         w.notes.append(auto_note)
@@ -646,7 +879,7 @@ def tune_model(
     res.workload["rebuild"] = {
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
-        "optimizer": list(w.optimizer),
+        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms,
     }  # fmt: skip
     if script is not None:
         res.workload["script"] = script

@@ -7,6 +7,7 @@ they import this module, not the engine: the engine calls them, nothing calls ba
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 from collections.abc import Callable
@@ -32,7 +33,17 @@ STEP_BASELINE = "baseline (whole step)"
 DROPPED_FOR_TIME = (
     "not tried",
     "checked but not measured",
-)  # how a candidate the budget left out is marked  # the variant name of the whole-step reference
+)  # how the reason of a candidate the budget left out begins (``CandidateResult.dropped_for_time`` marks it)
+
+
+class Status(enum.StrEnum):
+    """What became of a candidate (a ``str``: the receipt's JSON holds its value)."""
+
+    KEPT = "kept"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    MEASURING = "measuring"  # checked, in the measuring run (a finished run has none left)
 
 
 @dataclass
@@ -57,7 +68,7 @@ class Measured:
 @dataclass
 class CandidateResult:
     name: str
-    status: str  # "kept", "rejected", "skipped", "failed"
+    status: Status
     reason: str
     exact: bool
     measured: Measured | None = None
@@ -65,6 +76,7 @@ class CandidateResult:
     # one-time build (a pack, a RAM cache, a loader sweep) of the trick and what it needs, in seconds
     prepare_s: float | None = None
     break_even_epochs: float | None = None
+    dropped_for_time: bool = False  # skipped because the time budget left it out (not because it cannot help)
 
 
 @dataclass
@@ -90,6 +102,20 @@ class TuneResult:
     interrupted: bool = False
     elapsed_s: float = 0.0
     memory: Any = None  # the memory search (``tune.memory.MemorySearch``) of --memory-budget / --goal memory
+    # where the seconds went: wall seconds per phase (diagnose, waiting for a quiet machine, checks, measuring,
+    # combine, verify, self-check, report)
+    phase_s: dict[str, float] = field(default_factory=dict)
+    # who used the CPU during each phase (clock.CpuUse.as_dict(): ``busy_share`` is the share of the machine's
+    # cores other programs took), with ``busy``: why that phase's figures cannot be trusted, or None
+    cpu: dict[str, Any] = field(default_factory=dict)
+    # why the run's figures are not to be trusted (a busy machine, a diagnosis that contradicts itself); a run with
+    # any never presents "keep the current setup" as a finding
+    unreliable: list[str] = field(default_factory=list)
+    self_check: dict[str, Any] | None = None  # tune.selfcheck: compute alone in a fresh process
+
+    @property
+    def reliable(self) -> bool:
+        return not self.unreliable
 
 
 class Progress:
@@ -272,6 +298,8 @@ def facts_of(
         phase=w.for_,
         device=w.device.type,
         verdict=diag.verdict,
+        loader_can_help=diag.loader_can_help,
+        declared_step_s=w.device_step_s,
         data_wait_share=diag.input_share,
         data_kind=w.data_kind,
         data_bytes=data_bytes,

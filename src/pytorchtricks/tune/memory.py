@@ -47,6 +47,7 @@ from pytorchtricks.tune.measuring import (
     CandidateResult,
     Measured,
     Progress,
+    Status,
     TuneResult,
     facts_of,
     measure_variants,
@@ -300,22 +301,22 @@ def _candidates(w: Workload, res: TuneResult, facts: Any, prog: Progress) -> lis
         if reason is None and c.scope == "step":
             reason = "a loader setting: the memory search measures the compute step (batches staged)"
         if reason is not None:
-            rows.append(CandidateResult(c.name, "skipped", reason, c.exact))
+            rows.append(CandidateResult(c.name, Status.SKIPPED, reason, c.exact))
             prog.advance()
             continue
         try:
             chk = check(w, (c.name,), samples=CHECK_SAMPLES)
         except TuneSkip as exc:
-            rows.append(CandidateResult(c.name, "skipped", str(exc), c.exact))
+            rows.append(CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact))
             prog.advance()
             continue
         if chk.passed:
-            rows.append(CandidateResult(c.name, "measuring", "", c.exact, check=chk))
+            rows.append(CandidateResult(c.name, Status.MEASURING, "", c.exact, check=chk))
             ok.append(c.name)
         else:
             rows.append(
                 CandidateResult(
-                    c.name, "failed", f"correctness check failed: {chk.detail}", c.exact, check=chk
+                    c.name, Status.FAILED, f"correctness check failed: {chk.detail}", c.exact, check=chk
                 )
             )
         prog.advance()
@@ -532,10 +533,10 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
     res.combined_check = search.check
     res.baseline = search.points[0].measured
     for c in res.candidates:
-        if c.status == "measuring":
+        if c.status is Status.MEASURING:
             c.status, c.reason = (
-                ("kept", "part of the recommended configuration") if c.name in pick.tricks
-                else ("rejected", "not in the fastest configuration that fits")
+                (Status.KEPT, "part of the recommended configuration") if c.name in pick.tricks
+                else (Status.REJECTED, "not in the fastest configuration that fits")
             )  # fmt: skip
     m = pick.measured
     assert m is not None

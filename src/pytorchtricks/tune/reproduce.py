@@ -44,7 +44,7 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
     w = build_workload(
         rb["model"], rb["data"], batch_size=rb["batch_size"], input_shape=tuple(rb["input_shape"]),
         num_workers=rb["num_workers"], for_=rb["for"], device=rb["device"],
-        optimizer=(opt[0], opt[1]) if opt else None,
+        optimizer=(opt[0], opt[1]) if opt else None, device_step_ms=rb.get("device_step_ms"),
     )  # fmt: skip
     if p.get("memory"):
         return _check_memory(p, w, rec, budget_s)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pytorchtricks.clock import Stopwatch, now_s
+from pytorchtricks.clock import Stopwatch, hold_s, now_s
 from pytorchtricks.core import PttWarning
 from pytorchtricks.tunable import TuneSetup
 from pytorchtricks.tune.baseline import normalize, user_loader
@@ -295,6 +295,10 @@ class Runner:
         def stage(name: str) -> Any:
             return sw.stage(name, synchronize=True) if sw is not None else contextlib.nullcontext()
 
+        if self.w.device_step_s is not None:  # a declared accelerator step: held, not computed here
+            with stage("device step (declared)"):
+                hold_s(self.w.device_step_s)
+            return None
         with stage("host->device"):
             x, y = self.prepare(xb), yb.to(self.w.device, non_blocking=True)
         if not self.train:

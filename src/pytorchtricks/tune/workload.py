@@ -144,6 +144,10 @@ class Workload:
     # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
     # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
     activation_budget_bytes: int | None = None
+    # the accelerator's step, declared (``--device-step-ms``): every step holds the main process this long without
+    # using a core, in place of the model's step on this machine; loaders are then measured against it (a
+    # projection for that accelerator). None: the model's own step runs here.
+    device_step_s: float | None = None
 
     @property
     def num_classes(self) -> int:
@@ -341,6 +345,7 @@ def build_workload(
     device: str | None = "cpu",
     seed: int = 0,
     optimizer: tuple[str, dict[str, Any]] | None = None,
+    device_step_ms: float | None = None,
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
 
@@ -363,6 +368,13 @@ def build_workload(
     for_ = "infer" if for_ == "inference" else for_
     if num_workers < 0:
         raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
+    if device_step_ms is not None and not (0 < device_step_ms < 600_000):
+        raise PttError(
+            f"--device-step-ms must be the accelerator's step in milliseconds (0 < MS < 600000), not "
+            f"{device_step_ms}: read it from your training logs, or `ptt doctor run` on the GPU machine."
+        )
+    if device_step_ms is not None and for_ != "train":
+        raise PttError("--device-step-ms declares a training step; for inference use ptt optimize.")
     dev = resolve_device(device)
     require("PIL", "data", package="pillow")
     if isinstance(model, nn.Module):  # a script's own model (ptt doctor run --tune)
@@ -415,6 +427,13 @@ def build_workload(
     )  # fmt: skip
     if optimizer is not None:
         out.optimizer = (str(optimizer[0]), dict(optimizer[1]))
+    if device_step_ms is not None:
+        out.device_step_s = device_step_ms / 1e3
+        out.notes.append(
+            f"the step is declared: {device_step_ms:g} ms on the accelerator (--device-step-ms); every figure below "
+            "is a projection - each loader is timed feeding a stand-in step that holds the training process that "
+            "long without using this machine's cores, as a GPU step does apart from its launch thread"
+        )
     return out
 
 

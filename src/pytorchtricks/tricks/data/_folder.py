@@ -73,6 +73,9 @@ class JpegFolder:
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise PttError(f"{root!r} is not a folder; pass an ImageFolder tree (one sub-folder per class).")
+        from pytorchtricks.data.detection import refuse_detection_root
+
+        refuse_detection_root(root, "JpegFolder")  # train2017/ and val2017/ would become two classes
         splits = split_folders(root)
         if splits:  # the splits would silently become classes: train = 0, val = 1, each holding every class
             names = ", ".join(os.path.basename(p) for p in splits.values())

@@ -163,6 +163,11 @@ def read_item(dataset: Any, i: int) -> tuple[Any, int]:
             f"dataset[{i}] must return (image, label[, extras]); got {type(item).__name__}. Wrap the dataset so "
             "it returns an image (bytes, PIL, array or tensor) and an integer label."
         )
+    if isinstance(item[1], list | dict):  # torchvision's CocoDetection: a list of annotation dicts per image
+        raise PttError(
+            f"dataset[{i}] has a {type(item[1]).__name__} target, not a class label: a detection dataset. Open it "
+            "with ptt.open_detection(root) and load it with ptt.make_detection_loader."
+        )
     return item[0], int(item[1])
 
 

@@ -342,6 +342,9 @@ def cache_in_ram(
     if isinstance(dataset, CachedDataset):
         warnings.warn("dataset is already cached; nothing to do.", NoEffectWarning, stacklevel=2)
         return dataset
+    from pytorchtricks.data.detection import refuse_detection
+
+    refuse_detection(dataset, "cache_in_ram")
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         raise PttError(
             "cache_in_ram needs a map-style dataset (ShardDataset, JpegFolder, ...), not a stream."

@@ -295,6 +295,11 @@ def make_loader(
     world = w0 if world_size is None else world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    from pytorchtricks.data.detection import refuse_detection, refuse_detection_root
+
+    if isinstance(dataset, str | os.PathLike) and os.path.isdir(dataset):
+        refuse_detection_root(dataset, "make_loader")
+    refuse_detection(dataset, "make_loader")
     if isinstance(dataset, str | os.PathLike):
         dataset = _open_pack(os.fspath(dataset), shuffle, seed, rank, world, cache_dir, cache_limit)
     dev = torch.device(device) if device is not None else None

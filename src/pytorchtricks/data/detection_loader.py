@@ -1,0 +1,206 @@
+"""Detection batches: the epoch sampler with aspect-ratio groups, and the worker-side batch maker.
+
+A batch is ``DetectionBatch(images, sizes, targets)``: ``images`` uint8 [N, 3, H, W] (NCHW shape, channels_last
+storage, zero-copy from the worker's shared memory) padded at the bottom/right to the recipe's canvas (the largest
+image rounded up to a multiple of 32, or the fixed size), ``sizes`` int64 [N, 2] the unpadded ``(h, w)`` of each
+image, ``targets`` a list of dicts (``boxes`` in output pixels, ``labels``, ``image_id``, ``iscrowd``, ``area``
+scaled with the boxes, ``segmentation`` when present, kept boxes only, and ``dropped``: how many boxes the recipe
+removed - clipped to nothing, under 1 px, or centred outside an IoU crop). This is what torchvision's
+``GeneralizedRCNNTransform`` builds on the device, minus the normalisation (do that on the device, in float).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from pytorchtricks.core import PttError
+from pytorchtricks.data.recipes import DetectionRecipe
+from pytorchtricks.shards.jpeg import image_size
+
+Alloc = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+class DetectionBatch(NamedTuple):
+    images: torch.Tensor
+    sizes: torch.Tensor
+    targets: list[dict[str, Any]]
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """One sample's random stream in one epoch: the same whatever the worker count, rank or batch."""
+    return np.random.Generator(np.random.PCG64([seed, epoch, index]))
+
+
+def aspect_groups(hw: np.ndarray, k: int = 3) -> np.ndarray:
+    """torchvision's ``create_aspect_ratio_groups(k=3)``: bins of w/h at ``2 ** linspace(-1, 1, 2k + 1)``.
+
+    Example:
+        >>> aspect_groups(np.array([[100, 200], [200, 100], [100, 100]])).tolist()
+        [7, 1, 4]
+    """
+    bins = 2 ** np.linspace(-1, 1, 2 * k + 1)
+    ratio = hw[:, 1] / np.maximum(hw[:, 0], 1)
+    return np.digitize(ratio, bins).astype(np.int64)
+
+
+class GroupedEpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    """Yields ``(epoch, indices)``: a seeded permutation per epoch, this rank's share (``rank::world``, equal
+    shares under ``drop_last``), cut into batches - within an aspect group first when ``groups`` is given, the
+    leftovers of every group then batched together in order, so each rank yields the same number of batches and
+    every sample appears exactly once per epoch across ranks."""
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        rank: int,
+        world: int,
+        groups: np.ndarray | None = None,
+    ) -> None:
+        self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
+        self.seed, self.rank, self.world, self.groups, self.epoch = seed, rank, world, groups, 0
+
+    def _share(self) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(self.n) if self.shuffle else np.arange(self.n)
+        if self.drop_last:
+            order = order[: (self.n // self.world) * self.world]
+        return order[self.rank :: self.world]
+
+    def __len__(self) -> int:
+        m = len(
+            range(self.rank, (self.n // self.world) * self.world if self.drop_last else self.n, self.world)
+        )
+        return m // self.batch_size if self.drop_last else -(-m // self.batch_size)
+
+    def dropped(self) -> int:
+        return self.n - self.world * len(self) * self.batch_size if self.drop_last else 0
+
+    def batches(self) -> list[np.ndarray]:
+        idx, bs = self._share(), self.batch_size
+        if self.groups is None:
+            out = [idx[s : s + bs] for s in range(0, len(idx), bs)]
+        else:
+            out, rest = [], []
+            buckets: dict[int, list[int]] = {}
+            for i in idx.tolist():  # in order: a group's batch is formed as soon as it is full
+                b = buckets.setdefault(int(self.groups[i]), [])
+                b.append(i)
+                if len(b) == bs:
+                    out.append(np.asarray(b, np.int64))
+                    buckets[int(self.groups[i])] = []
+            for g in sorted(buckets):
+                rest += buckets[g]
+            out += [np.asarray(rest[s : s + bs], np.int64) for s in range(0, len(rest), bs)]
+        return out[: len(self)]
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        for b in self.batches():
+            yield self.epoch, b
+
+
+def read_detection_item(dataset: Any, i: int) -> tuple[Any, dict[str, Any]]:
+    """``(encoded bytes or pixels, target)`` of sample ``i``: a ``DetectionDataset``, any dataset returning
+    ``(image, {"boxes": ..., "labels": ...})``, or a pack record ``(bytes, label, {"target": {...}})``."""
+    item = dataset.read_raw(i) if hasattr(dataset, "read_raw") else dataset[i]  # a pack: the stored bytes
+    if (
+        isinstance(item, tuple | list)
+        and len(item) == 3
+        and isinstance(item[2], dict)
+        and "target" in item[2]
+    ):
+        return item[0], target_from_json(item[2]["target"])
+    if isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[1], dict) and "boxes" in item[1]:
+        return item[0], item[1]
+    got = type(item[1]).__name__ if isinstance(item, tuple | list) and len(item) >= 2 else type(item).__name__
+    raise PttError(
+        f"dataset[{i}] is not a detection sample (image, target dict with 'boxes'); its target is a {got}. "
+        "Open the annotations with ptt.open_detection(root) (COCO, YOLO or VOC) - torchvision's CocoDetection "
+        "returns a list of annotation dicts per image, which the loader does not read."
+    )
+
+
+def target_to_json(t: dict[str, Any]) -> dict[str, Any]:
+    """A target as JSON-safe data (lists): what a pack stores per record (never pickle)."""
+    out: dict[str, Any] = {}
+    for k, v in t.items():
+        out[k] = v.tolist() if hasattr(v, "tolist") else v
+    return out
+
+
+def target_from_json(d: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of ``target_to_json``: tensors with the target's dtypes."""
+    n = len(d.get("boxes") or [])
+    t: dict[str, Any] = {
+        "boxes": torch.tensor(d.get("boxes") or [], dtype=torch.float32).reshape(n, 4),
+        "labels": torch.tensor(d.get("labels") or [], dtype=torch.int64).reshape(n),
+        "image_id": int(d.get("image_id", -1)),
+        "iscrowd": torch.tensor(d.get("iscrowd") or [0] * n, dtype=torch.int64).reshape(n),
+        "area": torch.tensor(d.get("area") or [0.0] * n, dtype=torch.float32).reshape(n),
+    }
+    if "segmentation" in d:
+        t["segmentation"] = d["segmentation"]
+    return t
+
+
+class DetectionBatcher:
+    """Picklable: ``(dataset, epoch, indices, alloc) -> DetectionBatch``; runs inside DataLoader workers."""
+
+    def __init__(self, recipe: DetectionRecipe, seed: int, backend: str = "auto", scaled_decode: bool = True):
+        self.recipe, self.seed, self.backend, self.scaled_decode = recipe, seed, backend, scaled_decode
+
+    def __call__(self, dataset: Any, epoch: int, indices: np.ndarray, alloc: Alloc) -> DetectionBatch:
+        idx = [int(i) for i in indices]
+        brng = np.random.Generator(np.random.PCG64([self.seed, epoch, 1 << 40, *idx[:1]]))
+        min_size = self.recipe.batch_min_size(brng)  # one short side per batch (multi-scale training)
+        items, plans = [], []
+        for i in idx:
+            raw, target = read_detection_item(dataset, i)
+            hw = _hw(raw)
+            boxes = np.asarray(target["boxes"], np.float32).reshape(-1, 4)
+            plans.append(self.recipe.plan(hw, sample_rng(self.seed, epoch, i), min_size, boxes))
+            items.append((raw, target, boxes))
+        ch, cw = self.recipe.canvas_hw([g.out_hw for g in plans])
+        out = alloc((len(idx), ch, cw, 3))
+        buf = out.numpy()
+        targets, sizes = [], []
+        for k, ((raw, target, boxes), g) in enumerate(zip(items, plans, strict=True)):
+            g.warp(
+                raw, out=buf[k], fill=self.recipe.fill, backend=self.backend, scaled_decode=self.scaled_decode
+            )
+            targets.append(_follow(target, boxes, g))
+            sizes.append(g.out_hw)
+        return DetectionBatch(out.permute(0, 3, 1, 2), torch.tensor(sizes, dtype=torch.int64), targets)
+
+
+def _hw(raw: Any) -> tuple[int, int]:
+    if isinstance(raw, np.ndarray) and raw.ndim == 3:
+        return int(raw.shape[0]), int(raw.shape[1])
+    return image_size(raw)
+
+
+def _follow(target: dict[str, Any], boxes: np.ndarray, g: Any) -> dict[str, Any]:
+    """The target after geometry ``g``: boxes mapped, per-box fields kept for the kept boxes, area scaled."""
+    new, keep = g.map_boxes(boxes)
+    kt = torch.from_numpy(keep)
+    ky, kx = g.scale_yx
+    t = {
+        "boxes": torch.from_numpy(new),
+        "labels": torch.as_tensor(target["labels"], dtype=torch.int64)[kt],
+        "image_id": target.get("image_id", -1),
+        "iscrowd": torch.as_tensor(target.get("iscrowd", torch.zeros(len(boxes))), dtype=torch.int64)[kt],
+        "area": torch.as_tensor(target.get("area", torch.zeros(len(boxes))), dtype=torch.float32)[kt]
+        * (ky * kx),
+        "dropped": len(boxes) - len(keep),
+    }
+    if "segmentation" in target:  # polygons stay in source pixels (the geometry maps them: g.map_points)
+        segs = target["segmentation"]
+        t["segmentation"] = [segs[j] for j in keep.tolist()] if isinstance(segs, list) else segs
+    return t
