@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import json
 import os
 import sys
 import traceback
@@ -278,8 +279,12 @@ def _markdown(rows: list[dict], env: dict) -> str:
     lines = [
         "# Memory planner: ptt vs uniform per-block checkpointing vs torch.compile activation_memory_budget",
         "",
-        f"{env['cpu']} ({env['cpu_class']}), {env['threads']} threads, torch {env['torch']}, git {env['git_sha']}, "
-        f"{env['time_utc']}. Training step (SGD momentum, fp32, train mode) on the CPU. The machine is shared with "
+        f"{env['cpu']} ({env['cpu_class']}), {env['threads']} threads, torch {env['torch']}, git "
+        + ", ".join(
+            sorted({f"{r['env']['git_sha']} ({r['model']})" for r in rows if "env" in r})
+            or [str(env["git_sha"])]
+        )
+        + f", {env['time_utc']}. Training step (SGD momentum, fp32, train mode) on the CPU. The machine is shared with "
         "other agents' jobs (2 cores): step times move between runs; the ratios are per round, interleaved.",
         "",
         "Activation peak: forward + backward above what was live (gradients allocated), allocator events; "
@@ -300,12 +305,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="0.7,0.5,0.3")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the rows of other models already in the results (a run in parts)",
+    )
     p.add_argument("--out", default=os.path.join(HERE, "..", "results", cpu_caps().cpu_class))
     args = p.parse_args(argv)
     args.budgets = [float(b) for b in args.budgets.split(",")]
     env = environment("cpu")
     rows: list[dict] = []
     stem = os.path.join(args.out, "memory_planner")
+    if args.keep and os.path.exists(stem + ".jsonl"):
+        with open(stem + ".jsonl", encoding="utf-8") as fh:
+            old = [json.loads(line) for line in fh]
+        rows = [r for r in old if r.get("model") not in args.models.split(",")]
     for name, (make, x, size) in _models(args.models.split(",")).items():
         try:
             got = run_model(name, make, x, size, args)
