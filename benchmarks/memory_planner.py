@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep",
         action="store_true",
-        help="keep the rows of other models already in the results (a run in parts)",
+        help="keep the rows of other models and budgets already in the results (a run in parts)",
     )
     p.add_argument("--out", default=os.path.join(HERE, "..", "results", cpu_caps().cpu_class))
     args = p.parse_args(argv)
@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep and os.path.exists(stem + ".jsonl"):
         with open(stem + ".jsonl", encoding="utf-8") as fh:
             old = [json.loads(line) for line in fh]
-        rows = [r for r in old if r.get("model") not in args.models.split(",")]
+        redo = {(m, b) for m in args.models.split(",") for b in args.budgets}
+        rows = [r for r in old if (r.get("model"), r.get("budget_share")) not in redo]
     for name, (make, x, size) in _models(args.models.split(",")).items():
         try:
             got = run_model(name, make, x, size, args)
