@@ -299,6 +299,11 @@ def checkpoint_activations_(
         >>> m = ptt.checkpoint_activations_(m, example_inputs=torch.randn(4, 8))
         >>> ptt.checkpoint_plan(m).checkpointed_segments > 0
         True
+        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.GELU())
+        >>> net = ptt.checkpoint_activations_(net, budget="min", example_inputs=torch.randn(4, 3, 16, 16))
+        >>> plan = ptt.checkpoint_plan(net)  # the module-tree planner: regions, measured peaks
+        >>> plan.measured_peak_bytes < plan.untreated_peak_bytes
+        True
     """
     if budget is not None or (
         budget_bytes is None and segments is None and blocks is None and not _has_chain(model)
