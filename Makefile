@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -188,6 +188,12 @@ bench-design: setup
 # estimate_memory vs the measured CPU peak for 4 models x 2 optimizers, and find_batch_size -> $(RESULTS)/memory_estimate.*
 bench-memory: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_estimate.py --out $(RESULTS)
+
+# checkpoint_activations_(model, budget=share) vs uniform per-block checkpointing vs torch.compile's
+# activation_memory_budget at 70/50/30% of the activation peak: ResNet-18/50, ViT-B/16, ResNet-18-FPN, CPU training
+# step -> $(RESULTS)/memory_planner.{jsonl,md}
+bench-memory-planner: setup
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/memory_planner.py --out $(RESULTS)
 
 # `ptt tune --memory-budget` on ResNet-18, 128 px, batch 64, training, the budget half the baseline's measured step
 # peak: every configuration's predicted and measured peak and speed (the frontier) -> $(RESULTS)/memory-tune.jsonl,

@@ -213,3 +213,49 @@ def test_a_budget_the_baseline_already_meets_says_so(models_file):
                      out=None, memory_budget="1GiB")  # fmt: skip
     assert res.recommended == () and res.memory.points[0].fits
     assert res.memory.message.startswith("the untreated step already fits") and len(res.memory.points) == 1
+
+
+def test_an_exact_configuration_that_fits_is_recommended_over_a_faster_one_with_a_batchnorm_caveat(
+    monkeypatch,
+):
+    """Accumulation with BatchNorm in train mode fits and is faster; a checkpoint plan fits too and its update is the
+    whole batch's: the search recommends the exact one and keeps the other on the frontier with its caveat."""
+    from types import SimpleNamespace
+
+    import pytorchtricks.tune.memory as tm
+    from pytorchtricks.clock import Deadline
+    from pytorchtricks.tune.candidates import Check
+    from pytorchtricks.tune.measuring import CandidateResult, Status, TuneResult
+
+    def measured(ratio: float) -> SimpleNamespace:
+        return SimpleNamespace(ratio=ratio, ratio_q1=ratio - 0.01, ratio_q3=ratio + 0.01, median_s=0.1)
+
+    bn = Check("exact: update vs the whole batch", True, "", {"update_rel": 1e-9, "update_rel_bn_train": 0.5})
+    res = TuneResult(workload={}, env={}, goal="speed", budget_s=600.0)
+    res.candidates = [
+        CandidateResult("accumulate_gradients[4]", Status.MEASURING, "", True, check=bn),
+        CandidateResult(
+            "checkpoint_activations", Status.MEASURING, "", True, check=Check("exact", True, "", {})
+        ),
+    ]
+    search = tm.MemorySearch(budget_bytes=100)
+    search.points = [
+        tm.MemoryPoint((), peak_bytes=200, status="measured", fits=False, measured=measured(1.0)),
+        tm.MemoryPoint(("accumulate_gradients[4]",), peak_bytes=90, status="measured", fits=True, measured=measured(1.0)),
+        tm.MemoryPoint(("checkpoint_activations",), peak_bytes=95, status="measured", fits=True, measured=measured(0.8)),
+    ]  # fmt: skip
+    for p in search.points[1:]:
+        p.caveat = tm._caveat(res, p.tricks)
+    assert "BatchNorm" in search.points[1].caveat and not search.points[2].caveat
+    monkeypatch.setattr(tm, "check", lambda w, tricks, samples: Check("exact", True, "", {}))
+    tm._choose(SimpleNamespace(batch_size=8), res, search, "speed", Deadline(600))
+    assert search.recommended == ("checkpoint_activations",)
+    assert any("stay on the frontier" in n for n in res.notes)
+    assert res.candidates[1].status is Status.KEPT and res.candidates[0].status is Status.REJECTED
+    # without an exact configuration that fits, the faster one with the caveat is still the answer
+    search.recommended, res.notes = (), []
+    search.points[2].fits = False
+    for c in res.candidates:
+        c.status = Status.MEASURING
+    tm._choose(SimpleNamespace(batch_size=8), res, search, "speed", Deadline(600))
+    assert search.recommended == ("accumulate_gradients[4]",)

@@ -82,6 +82,10 @@ class MemoryBreakdown:
     )  # (path, type, saved bytes), largest first
     measured_peak_bytes: int | None = None
     peak_method: str = ""
+    # a model planned by ``checkpoint_activations_(model, budget=...)``: (region, mode, bytes it frees, recompute
+    # seconds) per checkpointed region and the plan's one-line report (planned and measured activation peaks)
+    checkpoint_regions: list[tuple[str, str, int, float]] = field(default_factory=list)
+    checkpoint_plan: str = ""
 
     @property
     def workspace_bytes(self) -> int:
@@ -123,6 +127,12 @@ class MemoryBreakdown:
             f"{self.optimizer_workspace_bytes / MiB:.2f} MiB"
         )
         lines.append(f"{'total (estimate)':<34} {self.total_bytes / MiB:>10.2f} MiB")
+        if self.checkpoint_plan:  # what the saved-tensor hooks cannot see inside a checkpoint: the plan says
+            lines.append(f"checkpointed: {self.checkpoint_plan}")
+            lines += [
+                f"  {display(name)[:40]:<40} {mode:<10} frees {freed / MiB:>8.2f} MiB, recompute {secs * 1e3:.1f} ms"
+                for name, mode, freed, secs in self.checkpoint_regions
+            ]
         if self.measured_peak_bytes is not None:
             err = self.total_bytes / self.measured_peak_bytes - 1 if self.measured_peak_bytes else 0.0
             lines.append(
@@ -340,7 +350,11 @@ def memory_breakdown(
     """``estimate_memory`` plus the per-module activation table and the measured peak of a real step.
 
     ``print(result)`` shows the parts and the estimate's error against the measured peak; ``result.table()``
-    lists the modules that save the most bytes for backward.
+    lists the modules that save the most bytes for backward. For a model planned by
+    ``ptt.checkpoint_activations_(model, budget=...)`` it also lists, region by region, what the plan frees and
+    what its recomputation costs (``checkpoint_regions``): the saved-tensor hooks do not see inside a checkpoint
+    (its own hooks take over there), so ``activation_bytes`` counts what the unchecked part saves and the measured
+    peak is the one to read.
 
     Example:
         >>> m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 30 * 30, 10))
@@ -349,6 +363,9 @@ def memory_breakdown(
         (('1', 'ReLU'), True)
     """
     est = estimate_memory(model, example_batch, optimizer, loss_fn=loss_fn)
+    plan = getattr(model, "_ptt_checkpoint_plan", None)
+    if plan is not None and not getattr(plan, "pending", True) and hasattr(plan, "table"):
+        est.checkpoint_regions, est.checkpoint_plan = list(plan.regions), str(plan)
     if measure_peak:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         est.measured_peak_bytes, est.peak_method = measure_step_peak(

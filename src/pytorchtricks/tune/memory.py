@@ -15,7 +15,11 @@ Flow (after the diagnosis; the batch stays the user's: only an accumulation hook
      CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, reserved bytes too; an out-of-memory error
      is caught and recorded) and speed (the compute step, batches staged, interleaved with the baseline);
   4. recommend the fastest whose measured peak fits (spreads that overlap tie: the fewest tricks, then the hooks'
-     order - of two micro-batch splits the smaller);
+     order - of two micro-batch splits the smaller), among those whose update equals the whole batch's when one
+     fits (an accumulation with BatchNorm in train mode normalises each micro-batch by its own statistics: it stays
+     on the frontier with that caveat, recommended only when nothing exact fits); a checkpoint hook plans its
+     regions to what the budget leaves the activations (``TuneSetup.activation_budget_bytes``) and its plan is
+     kept with the point (``MemoryPoint.detail``);
      ``--goal memory`` without a budget: the smallest peak within ``SPEED_SLACK`` of the best speed. Its check
      is repeated on the whole batch (the acceptance of an accumulation is the update of *that* batch).
 
@@ -75,6 +79,10 @@ class MemoryPoint:
     reason: str = ""
     fits: bool | None = None
     front: bool = False  # on the Pareto front of the measured points (none both faster and lower)
+    detail: str = (
+        ""  # what its hooks planned on this workload (e.g. a checkpoint plan: regions, planned peaks)
+    )
+    caveat: str = ""  # why its update is not the whole batch's (BatchNorm sees micro-batches), "" when it is
 
     @property
     def label(self) -> str:
@@ -194,13 +202,16 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def measure_peak(
-    w: Workload, tricks: tuple[str, ...], batches: list[Any]
+    w: Workload, tricks: tuple[str, ...], batches: list[Any], notes: list[str] | None = None
 ) -> tuple[int | None, str | None, int | None, str]:
     """Peak of ``tricks`` on the staged batches after one warm step (optimizer state allocated, plans made);
-    returns (peak, method, reserved, error) - an out-of-memory error is recorded, not raised."""
+    returns (peak, method, reserved, error) - an out-of-memory error is recorded, not raised. ``notes`` receives
+    what the hooks said they did (a checkpoint plan)."""
     r = None
     try:
         r = Runner(w, tricks, batches=batches)
+        if notes is not None:
+            notes.extend(r.setup.notes)
         r.step()
         peak, method, reserved = step_peak(r, w.device)
         return peak, method, reserved, ""
@@ -416,7 +427,10 @@ def _measure(
             )
             prog.advance()
             continue
-        p.peak_bytes, p.peak_method, p.reserved_bytes, err = measure_peak(w, p.tricks, batches)
+        said: list[str] = []
+        p.peak_bytes, p.peak_method, p.reserved_bytes, err = measure_peak(w, p.tricks, batches, said)
+        p.detail = "; ".join(said)
+        p.caveat = _caveat(res, p.tricks)
         if err:
             p.status, p.reason, p.fits = "out of memory", err, False
         else:
@@ -435,11 +449,22 @@ def _measure(
     if not timed:
         return
     prog.phase(f"measure the speed of {len(timed)} configurations (interleaved)", None)
-    variants = {"baseline": ()} | {p.label: p.tricks for p in timed}
-    meas, _ = measure_variants(w, variants, step_s=steps, budget_s=share, memory=False, batches=batches)
+    meas = speed_run(w, {p.label: p.tricks for p in timed}, batches, base_step, share)
     search.points[0].measured = meas["baseline"]
     for p in timed:
         p.measured = meas[p.label]
+
+
+def speed_run(
+    w: Workload, configs: dict[str, tuple[str, ...]], batches: list[Any], base_step_s: float, budget_s: float
+) -> dict[str, Measured]:
+    """The speed of ``configs`` and the baseline, interleaved, on the staged batches (the compute step): the one
+    measurement both the search and ``apply.py --check`` make, with the same block plan (a configuration's step
+    expected at 1.3x the baseline's)."""
+    steps = {"baseline": base_step_s} | {k: base_step_s * (1.3 if t else 1) for k, t in configs.items()}
+    variants = {"baseline": ()} | configs
+    meas, _ = measure_variants(w, variants, step_s=steps, budget_s=budget_s, memory=False, batches=batches)
+    return meas
 
 
 def _final_check_s(step_s: float) -> float:
@@ -467,6 +492,16 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
             search.message = "no memory trick measured lower than the baseline"
         res.notes.append(search.message)
         return
+    exact = [p for p in fitting if not p.caveat]
+    if exact and len(exact) < len(
+        fitting
+    ):  # the update of the whole batch first: a caveat only when nothing else fits
+        res.notes.append(
+            "configurations whose update differs from the whole batch's ("
+            + "; ".join(sorted({p.caveat for p in fitting if p.caveat}))
+            + ") stay on the frontier; recommended among those whose update equals the whole batch's"
+        )
+        fitting = exact
     if budget is not None:
         best = max(fitting, key=lambda p: p.measured.ratio)  # type: ignore[union-attr]
         ties = [p for p in fitting if p.measured.ratio_q3 >= best.measured.ratio_q1]  # type: ignore[union-attr]
@@ -510,6 +545,20 @@ def _choose(w: Workload, res: TuneResult, search: MemorySearch, goal: str, dl: D
         f"{_mib(search.baseline_peak_bytes)}) at {m.ratio:.2f}x the baseline's speed (IQR {m.ratio_q1:.2f}-"
         f"{m.ratio_q3:.2f})"
     )
+
+
+def _caveat(res: TuneResult, tricks: tuple[str, ...]) -> str:
+    """Why the update of ``tricks`` is not the whole batch's, from their candidates' checks: BatchNorm in train
+    mode normalising each micro-batch by its own statistics (measured in fp32 beyond the exactness bound)."""
+    from pytorchtricks.tune.candidates import UPDATE_REL_TOL
+
+    for c in res.candidates:
+        diff = (c.check.metrics or {}).get("update_rel_bn_train") if c.check is not None else None
+        if c.name in tricks and diff is not None and diff > UPDATE_REL_TOL:
+            return (
+                f"{c.name}: BatchNorm sees micro-batches, update differs by {diff:.1e} of its largest entry"
+            )
+    return ""
 
 
 def frontier(points: list[MemoryPoint]) -> list[MemoryPoint]:

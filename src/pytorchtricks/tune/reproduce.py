@@ -91,8 +91,7 @@ def _speed_result(rec: tuple[str, ...], meas: dict[str, Any], want: dict[str, An
 def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: float) -> dict[str, Any]:
     """A memory receipt: the recommended configuration's peak (held + the step's own) and its speed on the
     compute step, interleaved with the baseline, as the search measured them."""
-    from pytorchtricks.tune.measuring import measure_variants
-    from pytorchtricks.tune.memory import measure_peak
+    from pytorchtricks.tune.memory import measure_peak, speed_run
     from pytorchtricks.tune.runner import stage_batches
 
     mem = p["memory"]
@@ -103,9 +102,9 @@ def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: flo
     if got_peak is None:
         raise PttError(f"the recommended configuration does not run here: {err}")
     step = (p.get("baseline") or {}).get("median_s") or 0.5
-    meas, _ = measure_variants(
-        w, {"baseline": (), "recommended": rec}, step_s=step, budget_s=budget_s, memory=False, batches=batches
-    )
+    meas = speed_run(
+        w, {"recommended": rec}, batches, step, budget_s
+    )  # what the search measured, the same way
     r = _speed_result(rec, meas, p["combined"])
     want_peak = next((pt["peak_bytes"] for pt in mem["points"] if tuple(pt["tricks"]) == rec), None)
     peak_ok = want_peak is not None and abs(got_peak / want_peak - 1) <= PEAK_TOLERANCE

@@ -1,20 +1,23 @@
 """Activation checkpointing of a chain of blocks, planned from measured bytes, safe with BatchNorm and dropout.
 
-Why: a training step keeps every activation autograd saves until backward; recomputing segments of the network
-during backward instead keeps only the segment inputs: O(sqrt N) activation memory for one extra forward
-(Chen et al. 2016). This plans the segments from the bytes each block actually saves (measured once with
-``SavedTensorMeter``): by default the uniform segmentation with the lowest modeled peak (Chen's sqrt(N) rule,
-generalised to blocks whose saved bytes differ from their input bytes), or, with ``budget_bytes``, the plan with the
-least recomputation whose modeled activation peak fits the budget. ``checkpoint_plan(model)`` reports planned vs
-measured saved bytes and activation peak.
+Why: a training step keeps every activation autograd saves until backward; recomputing parts of the network during
+backward instead keeps only their inputs (Chen et al. 2016: O(sqrt N) memory for one extra forward). With
+``budget=`` (bytes of forward + backward activation peak, a share of the untreated peak, or "min") this plans over
+the whole module tree: submodules and runs of consecutive siblings (a ResNet's stem, from an fx trace of each
+parent), each recomputed fully or selectively (SAC policy: keep convolution/matmul/attention outputs, recompute
+BatchNorm, activations, elementwise ops, pooling), costs measured on the batch (saved-tensor hooks, per-op times),
+the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
+Without it, the chain planner: segments of the longest ``nn.Sequential`` from measured per-block bytes (Chen's
+sqrt(N) rule generalised, or ``budget_bytes`` with the least recomputation). ``checkpoint_plan(model)`` reports
+planned vs measured bytes.
 When: models whose activations, not weights, exhaust memory (deep nets, large batches or resolutions).
-Caveats: costs ~one extra forward of the checkpointed blocks (+30-50% step time measured here). Always
-``use_reentrant=False``; RNG state is preserved so dropout masks match; BatchNorm layers inside a checkpoint run
-with batch statistics but do NOT update running stats or ``num_batches_tracked`` during recomputation (the plain
-recompute would update them twice). Planning happens at the first training forward (one extra forward of the
-chain block by block, one probe forward+backward of the chain; buffers and RNG restored) unless
-``example_inputs`` is given. A ModuleList chain (forward owned by its parent) is checkpointed block by block.
-See also: to_inplace_abn_, accumulate_gradients, estimate_memory, 节省显存 / 梯度检查点.
+Caveats: costs up to ~one extra forward of what is recomputed. Always ``use_reentrant=False``; RNG state is
+preserved so dropout masks match; BatchNorm layers inside a checkpoint run with batch statistics but do NOT update
+running stats or ``num_batches_tracked`` during recomputation (the plain recompute would update them twice). A
+module that modifies its own input in place is not a region. The floor is the backward of the largest layer (the
+stem of a CNN). Planning happens at the first training forward (a few forwards and forward+backwards, buffers and
+RNG restored) unless ``example_inputs`` is given. A ModuleList chain is checkpointed block by block.
+See also: to_inplace_abn_, accumulate_gradients, estimate_memory, memory_breakdown, 节省显存 / 梯度检查点.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import copy
 import functools
 import types
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,7 +46,10 @@ from pytorchtricks.tricks.loop._checkpoint_planner import (
     plan_default,
     uniform_runs,
 )
-from pytorchtricks.tunable import TuneHook, TuneSetup, applied_or_skip
+from pytorchtricks.tricks.loop._region_planner import RegionPlan
+from pytorchtricks.tricks.loop._regions import no_stat_update, side_effect_free
+from pytorchtricks.tricks.loop._tree_checkpoint import make_plan, plan_at_first_forward
+from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip, applied_or_skip
 
 __all__ = ["checkpoint_activations_", "checkpoint_plan"]
 
@@ -51,28 +57,27 @@ TRICK = TrickInfo(gains=("memory",), phase=("train",), exact=True)
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:
-    """Checkpoint the model's chain for the memory search: planned so the micro-batch's activations fit what the
-    budget leaves them (``setup.activation_budget_bytes``), else the plan with the lowest modeled peak."""
+    """Checkpoint the model's regions for the memory search (the module-tree planner): planned so the
+    micro-batch's activations fit what the budget leaves them (``setup.activation_budget_bytes``), else the plan
+    with the lowest modeled peak."""
     with filtered_stderr():  # the planner's probes meter memory with Kineto, which prints USDT markers
         _tune_plan(setup)
 
 
 def _tune_plan(setup: TuneSetup) -> None:
     x = setup.example
-    budget = None
+    budget: int | str = "min"
     if (
         setup.activation_budget_bytes is not None
     ):  # the budget of a micro-batch, scaled to the example's samples
-        total = setup.activation_budget_bytes * len(x) / max(1, setup.micro_batch_size)
-        with SavedTensorMeter() as meter, _side_effect_free(setup.model, x), torch.enable_grad():
-            setup.model(x)
-        probe = checkpoint_activations_(copy.deepcopy(setup.model), example_inputs=(x,))
-        plan = checkpoint_plan(probe)
-        outside = meter.saved_bytes - (plan.unchecked_peak_bytes or 0)  # what the chain does not hold
-        chain_budget = int(total - outside)
-        lowest = plan.planned_peak_bytes or 0
-        budget = chain_budget if chain_budget > lowest else None  # unreachable: the lowest peak there is
-    applied_or_skip(checkpoint_activations_, setup.model, budget_bytes=budget, example_inputs=(x,))
+        budget = max(1, int(setup.activation_budget_bytes * len(x) / max(1, setup.micro_batch_size)))
+    try:
+        applied_or_skip(checkpoint_activations_, setup.model, budget=budget, example_inputs=(x,))
+    except TuneSkip as exc:
+        if budget == "min" or "no plan fits" not in str(exc):
+            raise
+        # unreachable at this micro-batch: the lowest peak there is (the search measures whether it fits)
+        applied_or_skip(checkpoint_activations_, setup.model, budget="min", example_inputs=(x,))
     plan = checkpoint_plan(setup.model)
     setup.notes.append(f"checkpoint plan (on {len(x)} samples): {plan}")
 
@@ -80,52 +85,16 @@ def _tune_plan(setup: TuneSetup) -> None:
 TUNE = TuneHook(
     changes="model",
     check="exact",
-    receipt="ptt.checkpoint_activations_(model, budget_bytes={activation_budget})  # planned at the first "
-    "training forward, for its batch (None: the lowest modeled peak)",
+    receipt='ptt.checkpoint_activations_(model, budget={activation_budget} or "min")  # the module-tree planner, '
+    "planned at the first training forward for its batch (bytes of activation peak; min: the lowest peak)",
     apply=_tune_apply,
     order=35,
     bound="outputs, gradients and the update equal the untreated step's (recomputation, same kernels)",
 )
 
 
-@contextlib.contextmanager
-def _no_stat_update(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """During recomputation: BN in train mode normalises with batch statistics exactly as in the forward, but its
-    running statistics and ``num_batches_tracked`` updates land in throw-away copies (so they happen once).
-
-    Copies, not ``running_mean=None``: autograd must save the same tensors as in the original forward.
-    """
-    names = ("running_mean", "running_var", "num_batches_tracked")
-    bns = [m for blk in modules for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    swapped = []
-    for m in bns:
-        if m.training and m.track_running_stats:
-            originals = {n: getattr(m, n) for n in names}
-            for n, t in originals.items():
-                if t is not None:
-                    setattr(m, n, t.clone())
-            swapped.append((m, originals))
-    try:
-        yield
-    finally:
-        for m, originals in swapped:
-            for n, t in originals.items():
-                setattr(m, n, t)
-
-
-@contextlib.contextmanager
-def _side_effect_free(module: nn.Module, x: torch.Tensor) -> Iterator[None]:
-    """Restore the RNG and every buffer (BN statistics) after a planning pass."""
-    buffers = {k: v.clone() for k, v in module.state_dict(keep_vars=True).items() if not v.requires_grad}
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for k, v in module.state_dict(keep_vars=True).items():
-                    if k in buffers:
-                        v.copy_(buffers[k])
+_no_stat_update = no_stat_update
+_side_effect_free = side_effect_free
 
 
 def _run(blocks: Sequence[nn.Module], x: Any) -> Any:
@@ -301,6 +270,7 @@ def _find_chain(
 def checkpoint_activations_(
     model: nn.Module,
     *,
+    budget: int | float | str | None = None,
     budget_bytes: int | None = None,
     segments: int | None = None,
     blocks: nn.Module | str | None = None,
@@ -308,8 +278,16 @@ def checkpoint_activations_(
 ) -> nn.Module:
     """Checkpoint the chain of blocks of ``model`` in place (state_dict unchanged) and return ``model``.
 
+    Two planners. ``budget=`` (or a model without a chain of >= 2 blocks) plans over the whole module tree:
+    submodules, runs of consecutive siblings (a ResNet's stem) and, inside each, full or selective recomputation
+    (keep convolution and matmul outputs, recompute BatchNorm, activations, elementwise ops and pooling); costs
+    measured on the batch, the least recompute time whose measured forward + backward peak fits. The other
+    arguments plan over one chain of blocks (segments of an ``nn.Sequential``).
+
     Args:
-        budget_bytes: activation-peak budget; the plan with the least recomputation that fits is chosen.
+        budget: activation-peak budget of one forward + backward: bytes (int) or a share of the untreated peak
+            (float in (0, 1]) or ``"min"`` (the lowest modeled peak); ``checkpoint_plan(model)`` reports planned and measured peaks region by region.
+        budget_bytes: chain planner: activation-peak budget; the plan with the least recomputation that fits.
         segments: checkpoint every one of ``segments`` near-equal segments (no measuring); exclusive with budget.
         blocks: the chain: an ``nn.Sequential``/``nn.ModuleList`` inside ``model`` or its name (default: the
             longest one).
@@ -321,7 +299,18 @@ def checkpoint_activations_(
         >>> m = ptt.checkpoint_activations_(m, example_inputs=torch.randn(4, 8))
         >>> ptt.checkpoint_plan(m).checkpointed_segments > 0
         True
+        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.GELU())
+        >>> net = ptt.checkpoint_activations_(net, budget="min", example_inputs=torch.randn(4, 3, 16, 16))
+        >>> plan = ptt.checkpoint_plan(net)  # the module-tree planner: regions, measured peaks
+        >>> plan.measured_peak_bytes < plan.untreated_peak_bytes
+        True
     """
+    if budget is not None or (
+        budget_bytes is None and segments is None and blocks is None and not _has_chain(model)
+    ):
+        if budget_bytes is not None or segments is not None or blocks is not None:
+            raise PttError("budget= plans the whole module tree: drop budget_bytes=, segments= and blocks=.")
+        return _checkpoint_tree(model, budget, example_inputs)
     if budget_bytes is not None and segments is not None:
         raise PttError("pass budget_bytes= or segments=, not both.")
     if segments is not None and (isinstance(segments, bool) or segments < 1):
@@ -364,7 +353,44 @@ def checkpoint_activations_(
     return model
 
 
-def checkpoint_plan(model: nn.Module) -> CheckpointPlan:
+def _has_chain(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Sequential | nn.ModuleList) and len(m) >= 2 for m in model.modules())
+
+
+def _checkpoint_tree(model: nn.Module, budget: int | float | str | None, example_inputs: Any) -> nn.Module:
+    if getattr(model, "_ptt_checkpoint_plan", None) is not None:
+        raise PttError("model is already checkpointed; build the model again to change the plan.")
+    share = None
+    if budget == "min":
+        budget = None
+    elif isinstance(budget, str):
+        raise PttError(f"budget={budget!r}: pass bytes, a share in (0, 1] or 'min'.")
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise PttError(
+                f"budget={budget}: a share of the untreated activation peak is in (0, 1], e.g. 0.5."
+            )
+        share = budget
+    elif budget is not None and (isinstance(budget, bool) or budget <= 0):
+        raise PttError(f"budget must be positive bytes or a share in (0, 1], got {budget!r}.")
+    method = "lowest modeled peak" if budget is None else (
+        f"budget {share:.0%} of the untreated peak" if share is not None else f"budget {budget} bytes"
+    )  # fmt: skip
+    plan = RegionPlan(method, None if share is not None else budget, budget_share=share)  # type: ignore[arg-type]
+    model.__dict__["_ptt_checkpoint_plan"] = plan
+    if example_inputs is not None:
+        args = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
+        try:
+            make_plan(model, plan, args, {})
+        except BaseException:
+            model.__dict__.pop("_ptt_checkpoint_plan")  # nothing applied: the model is as it was
+            raise
+    else:
+        plan_at_first_forward(model)
+    return model
+
+
+def checkpoint_plan(model: nn.Module) -> CheckpointPlan | RegionPlan:
     """The plan ``checkpoint_activations_`` made for ``model``: segments, planned vs measured bytes.
 
     Example:

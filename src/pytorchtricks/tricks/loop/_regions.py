@@ -1,0 +1,424 @@
+"""Measure a model's candidate checkpoint regions on a real batch, and apply a region plan.
+
+The probe is one training forward of the user's model on the user's batch (after a warm one), with:
+- a hook before and after every module: the module stack, calls per module, each module's input storages and
+  whether its forward modified an input in place (a checkpoint would then recompute from a changed input);
+- ``saved_tensors_hooks``: which storage autograd keeps for backward, saved by which module stack;
+- a ``TorchDispatchMode``: the seconds of every aten op (``clock.now_s``), added to each module on the stack, and
+  the outputs of the ops a selective checkpoint saves (convolutions, matmuls, attention).
+From these: what each region frees when checkpointed fully or selectively, what its recomputation brings back,
+and what the recomputation costs. Runs of siblings come from ``torch.fx`` traces of each parent's own forward
+(children as leaves); a parent that does not trace offers no runs, its children stay candidates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import checkpoint
+
+from pytorchtricks.clock import now_s, sync
+from pytorchtricks.tricks.loop._region_planner import Option, Region, Tree
+
+Key = tuple[int, int]  # (storage data_ptr, nbytes)
+
+
+def _key(t: torch.Tensor) -> Key:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+
+
+def _save_ops() -> set[Any]:
+    """The ops a selective checkpoint keeps (their outputs are expensive to recompute, cheap ops are not)."""
+    aten = torch.ops.aten
+    names = (
+        "convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention", "_efficient_attention_forward", "_flash_attention_forward",
+    )  # fmt: skip
+    return {getattr(aten, n) for n in names if hasattr(aten, n)}
+
+
+@contextlib.contextmanager
+def no_stat_update(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """During recomputation: BN in train mode normalises with batch statistics exactly as in the forward, but its
+    running statistics and ``num_batches_tracked`` updates land in throw-away copies (so they happen once).
+
+    Copies, not ``running_mean=None``: autograd must save the same tensors as in the original forward.
+    """
+    names = ("running_mean", "running_var", "num_batches_tracked")
+    bns = [m for blk in modules for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    swapped = []
+    for m in bns:
+        if m.training and m.track_running_stats:
+            originals = {n: getattr(m, n) for n in names}
+            for n, t in originals.items():
+                if t is not None:
+                    setattr(m, n, t.clone())
+            swapped.append((m, originals))
+    try:
+        yield
+    finally:
+        for m, originals in swapped:
+            for n, t in originals.items():
+                setattr(m, n, t)
+
+
+@contextlib.contextmanager
+def side_effect_free(module: nn.Module, x: torch.Tensor) -> Iterator[None]:
+    """Restore the RNG and every buffer (BN statistics) after a planning pass."""
+    buffers = {k: v.clone() for k, v in module.state_dict(keep_vars=True).items() if not v.requires_grad}
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for k, v in module.state_dict(keep_vars=True).items():
+                    if k in buffers:
+                        v.copy_(buffers[k])
+
+
+# ----------------------------------------------------------------------------------------------- the probe
+
+
+class _Record:
+    def __init__(self, model: nn.Module, args: tuple[Any, ...]) -> None:
+        self.stack: list[str] = []
+        self.calls: dict[str, int] = defaultdict(int)
+        self.inputs: dict[str, set[Key]] = defaultdict(set)
+        self.inplace: set[str] = set()
+        self.time_s: dict[str, float] = defaultdict(float)
+        self.cheap_s: dict[str, float] = defaultdict(float)
+        self.total_s = 0.0
+        self.saveouts: dict[Key, set[str]] = defaultdict(set)  # outputs of save ops -> modules on the stack
+        self.savers: dict[Key, list[frozenset[str]]] = defaultdict(list)
+        self.nbytes: dict[Key, int] = {}
+        live = [*model.parameters(), *model.buffers(), *_tensors(args)]
+        self.live = {_key(t) for t in live}
+        self.device = next((t.device for t in live), torch.device("cpu"))
+
+
+class _OpTimer(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, rec: _Record, save_ops: set[Any]) -> None:
+        super().__init__()
+        self.rec, self.save_ops = rec, save_ops
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        rec = self.rec
+        sync(rec.device)
+        t0 = now_s()
+        out = func(*args, **(kwargs or {}))
+        sync(rec.device)
+        dt = now_s() - t0
+        save = func.overloadpacket in self.save_ops
+        rec.total_s += dt
+        for p in rec.stack:
+            rec.time_s[p] += dt
+            if not save:
+                rec.cheap_s[p] += dt
+        if save:
+            for t in _tensors(out):
+                rec.saveouts[_key(t)].update(rec.stack)
+        return out
+
+
+def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Record:
+    """One measured training forward of ``model`` (the caller undoes its side effects)."""
+    rec = _Record(model, args)
+    paths = {id(m): p for p, m in model.named_modules()}
+    handles = []
+
+    def pre(m: nn.Module, a: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        p = paths[id(m)]
+        rec.stack.append(p)
+        rec.calls[p] += 1
+        ts = _tensors((a, kw))
+        rec.inputs[p].update(_key(t) for t in ts)
+        m._ptt_versions = [(t, t._version) for t in ts]  # type: ignore[assignment]
+
+    def post(m: nn.Module, a: tuple[Any, ...], kw: dict[str, Any], out: Any) -> None:
+        p = rec.stack.pop()
+        if any(t._version != v for t, v in m.__dict__.pop("_ptt_versions", [])):
+            rec.inplace.add(p)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        k = _key(t)
+        if not (base.is_leaf and base.requires_grad) and k not in rec.live:
+            rec.savers[k].append(frozenset(rec.stack))
+            rec.nbytes[k] = k[1]
+        return t
+
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(m.register_forward_hook(post, with_kwargs=True))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _OpTimer(rec, _save_ops()):
+            out = model(*args, **kwargs)
+        del out
+    finally:
+        for h in handles:
+            h.remove()
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------- regions
+
+
+def _costs(rec: _Record, members: tuple[str, ...], inputs: set[Key]) -> list[Option]:
+    inside = set(members)
+    saved_in = [k for k, st in rec.savers.items() if any(s & inside for s in st) and k not in inputs]
+    only_in = {k for k in saved_in if all(s & inside for s in rec.savers[k])}
+    outs = {k for k, ps in rec.saveouts.items() if ps & inside}
+    # a checkpoint keeps its inputs: bytes nobody kept before are new (the forward's own inputs are live anyway)
+    added = sum(k[1] for k in inputs if k not in rec.savers and k not in rec.live)
+    secs = sum(rec.time_s[m] for m in members)
+    cheap = sum(rec.cheap_s[m] for m in members)
+    full = Option("full", sum(k[1] for k in only_in) - added, sum(k[1] for k in saved_in), secs)
+    if not outs & set(saved_in):
+        return [full]  # nothing to keep: selective is full
+    kept_outs = sum(k[1] for k in outs if k not in rec.savers and k not in rec.live)
+    sel = Option(
+        "selective",
+        sum(k[1] for k in only_in if k not in outs) - added - kept_outs,
+        sum(k[1] for k in saved_in if k not in outs),
+        cheap,
+    )
+    return [full, sel]
+
+
+def _reason(rec: _Record, members: tuple[str, ...]) -> str:
+    for m in members:
+        if rec.calls.get(m, 0) == 0:
+            return "not called in a training forward"
+    if members[0] in rec.inplace:  # later members of a run get the previous member's output, made inside
+        return "modifies its input in place (a recomputation would start from the changed input)"
+    return ""
+
+
+def _trace_children(parent: nn.Module) -> Any:
+    """``torch.fx`` graph of ``parent``'s own forward, its children left as calls."""
+    import torch.fx as fx
+
+    kids = {id(c) for c in parent.children()}
+
+    class _Tracer(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return id(m) in kids or super().is_leaf_module(m, qualname)
+
+    return _Tracer().trace(parent)
+
+
+def _chains(parent: nn.Module, path: str, rec: _Record) -> list[list[str]]:
+    """Maximal chains of children of ``parent`` in its traced forward: each called once, each output used only
+    as the next child's only input."""
+    if len(list(parent.children())) < 2:
+        return []
+    try:
+        graph = _trace_children(parent)
+    except Exception:  # data-dependent control flow, unsupported ops: no runs for this parent
+        return []
+    prefix = f"{path}." if path else ""
+    mods = [n for n in graph.nodes if n.op == "call_module" and "." not in str(n.target)]
+    targets = [str(n.target) for n in mods]
+    once = {t for t in targets if targets.count(t) == 1 and rec.calls.get(prefix + t, 0) == 1}
+    nxt: dict[Any, Any] = {}
+    for n in mods:
+        users = list(n.users)
+        if str(n.target) in once and len(users) == 1:
+            u = users[0]
+            if u.op == "call_module" and str(u.target) in once and u.args == (n,) and not u.kwargs:
+                nxt[n] = u
+    heads = [n for n in nxt if n not in set(nxt.values())]
+    out = []
+    for h in heads:
+        chain = [h]
+        while chain[-1] in nxt:
+            chain.append(nxt[chain[-1]])
+        out.append([prefix + str(n.target) for n in chain])
+    return out
+
+
+MAX_RUN = 16  # longest run of siblings offered as one region
+
+
+def build_tree(model: nn.Module, rec: _Record) -> Tree:
+    """Candidate regions of ``model`` with their measured costs."""
+    children: dict[str, list[str]] = {}
+    chains: dict[str, list[list[str]]] = {}
+    regions: dict[str, Region] = {}
+    runs: dict[tuple[str, ...], Region] = {}
+    for path, m in model.named_modules():
+        prefix = f"{path}." if path else ""
+        children[path] = [prefix + n for n, _ in m.named_children()]
+        name = path or "<model>"
+        saved = sum(k[1] for k, st in rec.savers.items() if any(path in s for s in st))
+        region = Region(name, None, (path,), saved_bytes=saved, reason=_reason(rec, (path,)))
+        if not region.reason:
+            region.options = _costs(rec, (path,), rec.inputs[path])
+        regions[name] = region
+        if children[path] and rec.calls.get(path, 0) > 0:
+            chains[path] = [c for c in _chains(m, path, rec) if len(c) >= 2]
+            for chain in chains[path]:
+                for i in range(len(chain)):
+                    for j in range(i + 2, min(len(chain), i + MAX_RUN) + 1):
+                        members = tuple(chain[i:j])
+                        run = Region(f"{members[0]}..{members[-1].rsplit('.', 1)[-1]}", path, members)
+                        run.reason = _reason(rec, members)
+                        if not run.reason:
+                            run.options = _costs(rec, members, rec.inputs[members[0]])
+                        runs[members] = run
+    return Tree(children, chains, regions, runs)
+
+
+# ----------------------------------------------------------------------------------------------- applying
+
+
+def _policy(save_ops: set[Any]) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if op in save_ops or getattr(op, "overloadpacket", None) in save_ops:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+@contextlib.contextmanager
+def _together(*ctxs: Any) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for c in ctxs:
+            stack.enter_context(c)
+        yield
+
+
+def _contexts(mode: str, modules: Sequence[nn.Module]) -> tuple[Any, Any]:
+    """(forward, recomputation) contexts of a region: BN statistics updated once; selective: the SAC policy."""
+    if mode == "full":
+        return contextlib.nullcontext(), no_stat_update(modules)
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    fwd, rec = create_selective_checkpoint_contexts(_policy(_save_ops()))
+    return fwd, _together(no_stat_update(modules), rec)  # the stat copies are made outside the SAC mode
+
+
+@functools.cache
+def _sac_hooks_kwarg() -> dict[str, Any]:
+    """Tensors a selective checkpoint keeps go through an outer ``saved_tensors_hooks`` (``save_on_cpu``, a meter)
+    like any saved tensor, where this torch lets us say so (newer ones warn until told)."""
+    import inspect
+
+    ok = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    return {"respect_saved_tensors_hooks": True} if ok else {}
+
+
+def run_checkpointed(fn: Any, mode: str, modules: Sequence[nn.Module], *args: Any, **kwargs: Any) -> Any:
+    extra: dict[str, Any] = _sac_hooks_kwarg() if mode == "selective" else {}
+    return checkpoint(
+        fn,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=True,
+        context_fn=functools.partial(_contexts, mode, modules),
+        **extra,
+        **kwargs,
+    )  # type: ignore[call-overload]
+
+
+def _module_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    fwd, mode = self.__dict__["_ptt_region"]
+    if not torch.is_grad_enabled():
+        return fwd(*args, **kwargs)
+    return run_checkpointed(fwd, mode, [self], *args, **kwargs)
+
+
+class _Run(nn.Module):
+    """A run of siblings as one callable; not registered in the model (its modules are the model's own)."""
+
+    def __init__(self, modules: list[nn.Module], mode: str) -> None:
+        super().__init__()
+        self.__dict__["_members"] = modules  # plain attribute: no second parent in the module tree
+        self.mode = mode
+
+    def _run(self, *args: Any) -> Any:
+        mods = self.__dict__["_members"]
+        x = mods[0](*args)
+        for m in mods[1:]:
+            x = m(x)
+        return x
+
+    def forward(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self._run(*args)
+        return run_checkpointed(self._run, self.mode, self.__dict__["_members"], *args)
+
+
+def _traced_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    gm, original, training = self.__dict__["_ptt_traced"]
+    if torch.is_grad_enabled() and self.training == training:
+        return gm(*args, **kwargs)
+    return original(*args, **kwargs)
+
+
+def apply(model: nn.Module, plan: list[tuple[tuple[str, ...], str]]) -> None:
+    """Checkpoint each ``(members, mode)`` of ``plan`` in place: a module's forward is wrapped; a run of siblings
+    is cut out of its parent's traced forward and called as one checkpoint."""
+    import torch.fx as fx
+
+    by_parent: dict[str, list[tuple[tuple[str, ...], str]]] = defaultdict(list)
+    for members, mode in plan:
+        if len(members) == 1:
+            m = model.get_submodule(members[0])
+            m.__dict__["_ptt_region"] = (m.forward, mode)
+            m.__dict__["_ptt_saved_forward"] = m.__dict__.get("forward")
+            m.forward = types.MethodType(_module_forward, m)  # type: ignore[method-assign]
+        else:
+            by_parent[members[0].rpartition(".")[0]].append((members, mode))
+    for path, runs in by_parent.items():
+        parent = model.get_submodule(path)
+        gm = fx.GraphModule(parent, _trace_children(parent))
+        prefix = f"{path}." if path else ""
+        for i, (members, mode) in enumerate(runs):
+            names = [m[len(prefix) :] for m in members]
+            nodes = [
+                next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == t) for t in names
+            ]
+            gm.add_submodule(f"_ptt_run{i}", _Run([parent.get_submodule(t) for t in names], mode))
+            with gm.graph.inserting_before(nodes[0]):
+                new = gm.graph.call_module(f"_ptt_run{i}", nodes[0].args, {})
+            nodes[-1].replace_all_uses_with(new)
+            for n in reversed(nodes):
+                gm.graph.erase_node(n)
+        gm.graph.lint()
+        gm.recompile()
+        parent.__dict__["_ptt_traced"] = (gm, parent.forward, parent.training)
+        parent.__dict__["_ptt_saved_forward"] = parent.__dict__.get("forward")
+        parent.forward = types.MethodType(_traced_forward, parent)  # type: ignore[method-assign]
+
+
+def unapply(model: nn.Module) -> None:
+    """Undo ``apply``: every wrapped forward back as it was."""
+    for m in model.modules():
+        if "_ptt_saved_forward" not in m.__dict__:
+            continue
+        saved = m.__dict__.pop("_ptt_saved_forward")
+        m.__dict__.pop("_ptt_region", None)
+        m.__dict__.pop("_ptt_traced", None)
+        if saved is None:
+            m.__dict__.pop("forward", None)
+        else:
+            m.__dict__["forward"] = saved

@@ -1,0 +1,218 @@
+"""``checkpoint_activations_(model, budget=...)`` on any module tree: measure, plan, apply, verify.
+
+Planning runs one warm forward, one probed forward (``_regions.probe``) and the untreated forward + backward under
+the allocator meter; the plan the knapsack picks is applied and its forward + backward measured the same way. A
+plan whose measured peak exceeds the budget is taken back and planned again for a budget lowered by the overshoot
+(at most ``ATTEMPTS`` plans): the model of the peak is a model, the meter decides. Every pass runs with the RNG
+forked and the buffers restored, and parameter gradients as they were.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from pytorchtricks.clock import peak_memory
+from pytorchtricks.core import PttError
+from pytorchtricks.quiet import filtered_stderr
+from pytorchtricks.tricks.loop._region_planner import (
+    Choice,
+    RegionPlan,
+    Tree,
+    plan_choices,
+    plan_regions,
+)
+from pytorchtricks.tricks.loop._regions import apply, build_tree, probe, side_effect_free, unapply
+
+ATTEMPTS = 4
+MARGIN = 0.02  # a re-plan aims this share of the budget below it (the meter's run-to-run spread is smaller)
+
+
+def _loss(out: Any) -> torch.Tensor:
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [t for t in outs if t.is_floating_point()]
+    if not outs:
+        raise PttError(
+            "checkpoint_activations_: the model's output holds no floating tensor that requires grad, so there "
+            "is no backward to plan for; plan it in training mode with parameters that require grad."
+        )
+    return sum(t.float().mean() for t in outs)  # type: ignore[return-value]
+
+
+def fwd_bwd_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, str]:
+    """Measured peak bytes of one forward + backward above what was live before it, gradients allocated first
+    (as in every step but the first) and put back as they were."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    old = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+    device = next((p.device for p in params), torch.device("cpu"))
+
+    def step() -> None:
+        _loss(model(*args, **kwargs)).backward()
+
+    try:
+        with filtered_stderr():  # the CPU meter starts Kineto, which prints USDT markers
+            mem = peak_memory(step, device)
+    finally:
+        for p, g in zip(params, old):
+            p.grad = g
+    return mem.peak_bytes, mem.method
+
+
+def _first_tensor(args: Any) -> torch.Tensor:
+    return next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), torch.empty(0))
+
+
+def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Measure ``model`` on ``args``, choose the regions, apply them and measure the result (fills ``plan``)."""
+    with side_effect_free(model, _first_tensor((args, kwargs))), torch.enable_grad():
+        _loss(model(*args, **kwargs))  # warm: first-call allocations and kernel choices stay out of the probe
+        rec = probe(model, args, kwargs)
+        again = probe(model, args, kwargs)  # op times: the lower of two forwards (a shared machine is noisy)
+        for times, other in ((rec.time_s, again.time_s), (rec.cheap_s, again.cheap_s)):
+            for k, v in other.items():
+                times[k] = min(times[k], v)
+        rec.total_s = min(rec.total_s, again.total_s)
+        base_peak, method = fwd_bwd_peak(model, args, kwargs)
+        saved = sum(rec.nbytes.values())
+        tree = build_tree(model, rec)
+        budget = plan.budget_bytes
+        if isinstance(plan.budget_share, float):
+            budget = plan.budget_bytes = int(plan.budget_share * base_peak)
+        plan.saved_bytes, plan.untreated_peak_bytes, plan.peak_method = saved, base_peak, method
+        plan.untreated_forward_s = rec.total_s
+        usable = [r for r in [*tree.regions.values(), *tree.runs.values()] if not r.reason and r.options]
+        plan.candidates = len(usable)
+        plan.skipped = [(r.name, r.reason) for r in tree.regions.values() if r.reason][:20]
+        if not any(o.freed_bytes > 0 for r in usable for o in r.options):
+            why = (
+                "; ".join(f"{n}: {w}" for n, w in plan.skipped[:5])
+                or "no submodule saves tensors for backward"
+            )
+            raise PttError(
+                f"checkpoint_activations_: no region of this model frees memory when checkpointed ({why}). "
+                "Checkpointing needs submodules whose forward saves tensors for backward."
+            )
+        excess = max(0, base_peak - saved)
+        target = budget
+        for attempt in range(1, ATTEMPTS + 1):
+            choice = plan_regions(tree, saved, excess, target)
+            lowest = choice is None or budget is None
+            if lowest:  # the lowest peak, or a budget out of reach by the model: measure before saying so
+                choice, peak = _lowest_measured(model, tree, saved, excess, args, kwargs)
+            else:
+                assert choice is not None
+                _apply(model, tree, choice)
+                peak, _ = fwd_bwd_peak(model, args, kwargs)
+            plan.attempts = attempt
+            _record(plan, tree, choice, peak)
+            if budget is None:
+                return
+            if peak <= budget:
+                if not lowest and peak < (1 - 2 * MARGIN) * budget:
+                    _spend_slack(model, plan, tree, saved, excess, budget, choice, peak, args, kwargs)
+                return
+            unapply(model)
+            if lowest:
+                raise PttError(
+                    f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak (untreated "
+                    f"{base_peak}; the lowest-peak plan modeled {choice.modeled_peak_bytes}, measured {peak}); "
+                    "raise the budget or shrink the batch."
+                )
+            # the model missed by (peak - modeled): plan again for the budget less that error
+            target = budget - (peak - choice.modeled_peak_bytes) - int(MARGIN * budget)
+        raise PttError(
+            f"checkpoint_activations_: no plan fits budget={budget} bytes of activation peak after {ATTEMPTS} "
+            f"measured plans (the last measured {plan.measured_peak_bytes}); raise the budget or shrink the batch."
+        )
+
+
+def _spend_slack(
+    model: nn.Module,
+    plan: RegionPlan,
+    tree: Tree,
+    saved: int,
+    excess: int,
+    budget: int,
+    choice: Choice,
+    peak: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """The plan fits with room to spare (the model over-estimated its peak): plan once more for the budget plus
+    that error - less recomputation - and keep it if its measured peak fits too, else the fitting one."""
+    target = budget + (choice.modeled_peak_bytes - peak) - int(MARGIN * budget)
+    cheaper = plan_regions(tree, saved, excess, target)
+    if cheaper is None or cheaper.recompute_s >= choice.recompute_s:
+        return
+    unapply(model)
+    _apply(model, tree, cheaper)
+    got, _ = fwd_bwd_peak(model, args, kwargs)
+    plan.attempts += 1
+    if got <= budget:
+        _record(plan, tree, cheaper, got)
+        return
+    unapply(model)
+    _apply(model, tree, choice)
+
+
+def _record(plan: RegionPlan, tree: Tree, choice: Choice, peak: int) -> None:
+    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
+    plan.regions = [
+        (n, mode, next(o.freed_bytes for o in named[n].options if o.mode == mode),
+         next(o.recompute_s for o in named[n].options if o.mode == mode))
+        for n, mode in choice.regions
+    ]  # fmt: skip
+    plan.planned_peak_bytes, plan.measured_peak_bytes = choice.modeled_peak_bytes, peak
+    plan.recompute_s = choice.recompute_s
+
+
+LOWEST_TRIES = 3  # plans measured when the lowest peak is asked for (the model of the peak ranks them)
+
+
+def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
+    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
+    apply(model, [(named[n].members, mode) for n, mode in choice.regions])
+
+
+def _lowest_measured(
+    model: nn.Module, tree: Tree, saved: int, excess: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Choice, int]:
+    """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
+    plans = plan_choices(tree, saved, excess, None)[:LOWEST_TRIES]
+    if not plans:
+        raise PttError("checkpoint_activations_: the planner found no plan at all (no region to checkpoint).")
+    measured = []
+    for c in plans:
+        _apply(model, tree, c)
+        measured.append(fwd_bwd_peak(model, args, kwargs)[0])
+        unapply(model)
+    i = min(range(len(plans)), key=measured.__getitem__)
+    _apply(model, tree, plans[i])
+    return plans[i], measured[i]
+
+
+def _pending_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The model's forward until the first training forward: plan there (side effects undone), then run."""
+    original = self.__dict__.pop("_ptt_pending_forward")
+    if original is None:
+        self.__dict__.pop("forward", None)
+    else:
+        self.__dict__["forward"] = original
+    if torch.is_grad_enabled():
+        make_plan(self, self.__dict__["_ptt_checkpoint_plan"], args, kwargs)
+    else:  # not a training forward: plan at the next one
+        self.__dict__["_ptt_pending_forward"] = original
+        self.__dict__["forward"] = types.MethodType(_pending_forward, self)
+        return (original or type(self).forward.__get__(self))(*args, **kwargs)
+    return self.forward(*args, **kwargs)
+
+
+def plan_at_first_forward(model: nn.Module) -> None:
+    model.__dict__["_ptt_pending_forward"] = model.__dict__.get("forward")
+    model.forward = types.MethodType(_pending_forward, model)  # type: ignore[method-assign]

@@ -1,0 +1,227 @@
+"""checkpoint_activations_(model, budget=...): the module-tree planner. Exact (outputs, gradients, BatchNorm running
+statistics and num_batches_tracked, dropout masks) on models with branches, a reused module, BatchNorm and dropout;
+selective regions keep convolution outputs instead of recomputing them; the measured peak of the planned model
+fits the budget (an independent meter, not the planner's own); models that cannot be planned get a reason."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import pytorchtricks as ptt
+from pytorchtricks.bench.alloc_events import quiet_peak_memory
+from pytorchtricks.tricks.loop._regions import apply
+
+pytestmark = [pytest.mark.isa, pytest.mark.usefixtures("one_thread")]
+
+
+class _Branchy(nn.Module):
+    """A stem run, two parallel branches, a module called twice, BN (one cumulative), dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, momentum=None)  # cumulative average: counts num_batches_tracked
+        self.act = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(2)
+        self.a = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(), nn.Dropout(0.3))
+        self.b = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU())
+        self.shared = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU())
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.act(self.bn(self.stem(x))))
+        y = self.a(x) + self.b(x)
+        y = self.shared(self.shared(y))  # the same module twice: both calls recomputed
+        return self.head(y.mean((2, 3)))
+
+
+def _net() -> _Branchy:
+    torch.manual_seed(0)
+    net = _Branchy()
+    with torch.no_grad():  # random running statistics: a stat update counted twice would show
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+    return net
+
+
+def _steps(m: nn.Module, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    outs = []
+    for i, x in enumerate(xs):
+        torch.manual_seed(100 + i)  # the same dropout masks in both models
+        out = m(x)
+        out.square().mean().backward()
+        outs.append(out.detach())
+        if i < len(xs) - 1:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return outs
+
+
+@pytest.mark.parametrize("budget", [0.7, "min"])
+def test_exact_on_branches_reuse_batchnorm_dropout(budget: float | str) -> None:
+    ref = _net()
+    m = ptt.checkpoint_activations_(
+        copy.deepcopy(ref), budget=budget
+    )  # planned at the first training forward
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(12, 3, 16, 16, generator=g) * 2 + 0.5 for _ in range(3)]
+    for a, b in zip(_steps(ref, xs), _steps(m, xs)):
+        torch.testing.assert_close(b, a)
+    for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert list(m.state_dict()) == list(ref.state_dict())
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=k)
+    assert int(m.bn.num_batches_tracked) == 3
+    plan = ptt.checkpoint_plan(m)
+    assert not plan.pending and plan.regions, str(plan)
+    assert plan.measured_peak_bytes < plan.untreated_peak_bytes
+    if budget == 0.7:
+        assert plan.measured_peak_bytes <= 0.7 * plan.untreated_peak_bytes
+
+
+def test_stem_is_a_run_region_and_a_reused_module_a_region() -> None:
+    m = ptt.checkpoint_activations_(_net(), budget="min", example_inputs=torch.randn(16, 3, 32, 32))
+    names = [r[0] for r in ptt.checkpoint_plan(m).regions]
+    assert any(n.startswith("stem..") for n in names), names  # conv -> BN -> ReLU(inplace) -> pool as one
+    assert "act" not in names  # an in-place ReLU alone would recompute from its changed input
+
+
+class _ConvCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket is torch.ops.aten.convolution:
+            self.convs += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("mode", "recomputed_convs"), [("full", 2), ("selective", 0)])
+def test_selective_keeps_convolutions_full_recomputes_them(mode: str, recomputed_convs: int) -> None:
+    torch.manual_seed(0)
+    block = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.GELU()
+    )
+    ref = copy.deepcopy(block)
+    m = nn.Sequential(block)
+    apply(m, [(("0",), mode)])
+    x = torch.randn(6, 4, 10, 10)
+    out = m(x)
+    counter = _ConvCounter()
+    with counter:
+        out.sum().backward()
+    assert (
+        counter.convs == recomputed_convs
+    )  # convolution forwards run again in backward (backward convs differ)
+    ref(x).sum().backward()
+    for p, q in zip(ref.parameters(), block.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+    torch.testing.assert_close(block[1].running_mean, ref[1].running_mean)
+
+
+def test_measured_peak_fits_the_budget_by_an_independent_meter() -> None:
+    ref = _net()
+    x = torch.randn(32, 3, 32, 32)
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget=0.75, example_inputs=x)
+    plan = ptt.checkpoint_plan(m)
+
+    def fwd_bwd(model: nn.Module) -> int:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        return quiet_peak_memory(lambda: model(x).mean().backward()).peak_bytes
+
+    base, got = fwd_bwd(ref), fwd_bwd(m)
+    assert got <= 0.75 * base * 1.05, (got, base, str(plan))  # 5%: the allocator's run-to-run spread
+
+
+def test_models_that_cannot_be_planned_say_why() -> None:
+    with pytest.raises(ptt.PttError, match="requires grad"):
+        frozen = nn.Sequential(nn.Linear(4, 4)).requires_grad_(False)
+        ptt.checkpoint_activations_(frozen, budget=0.5, example_inputs=torch.randn(2, 4))
+    with pytest.raises(ptt.PttError, match="no plan fits"):
+        ptt.checkpoint_activations_(_net(), budget=1000, example_inputs=torch.randn(8, 3, 16, 16))
+    with pytest.raises(ptt.PttError, match="share"):
+        ptt.checkpoint_activations_(_net(), budget=1.5)
+    with pytest.raises(ptt.PttError, match="drop budget_bytes"):
+        ptt.checkpoint_activations_(_net(), budget=0.5, segments=2)
+    m = ptt.checkpoint_activations_(_net(), budget=0.5)
+    with pytest.raises(ptt.PttError, match="already"):
+        ptt.checkpoint_activations_(m, budget=0.5)
+
+
+def test_inplace_on_input_is_not_a_region() -> None:
+    class InplaceIn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x.mul_(2))
+
+    net = nn.Module()
+    net.pre = nn.Linear(8, 8)
+    net.body = InplaceIn()
+    net.forward = lambda x: net.body(net.pre(x))  # type: ignore[method-assign]
+    m = ptt.checkpoint_activations_(net, budget="min", example_inputs=torch.randn(4, 8))
+    plan = ptt.checkpoint_plan(m)
+    assert (
+        "body",
+        "modifies its input in place (a recomputation would start from the changed input)",
+    ) in plan.skipped
+
+
+def test_memory_breakdown_lists_what_the_plan_frees_region_by_region() -> None:
+    x = torch.randn(16, 3, 32, 32)
+    ref = _net()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget="min", example_inputs=x)
+    got = ptt.memory_breakdown(m, x)
+    base = ptt.memory_breakdown(ref, x)
+    plan = ptt.checkpoint_plan(m)
+    assert got.checkpoint_regions == plan.regions and got.checkpoint_regions
+    assert "checkpointed:" in str(got) and plan.regions[0][0] in str(got)
+    assert got.measured_peak_bytes < base.measured_peak_bytes  # the plan's saving, seen by the step's meter
+    assert not base.checkpoint_regions
+
+
+@pytest.mark.slow  # ~5 s alone, ~11 s beside a benchmark on 2 cores
+def test_resnet18_train_mode_exact_and_within_budget() -> None:
+    """torchvision's ResNet-18, BatchNorm in train mode: the stem is planned as a run, the update of one SGD step,
+    the gradients and the running statistics equal the untreated model's, the measured activation peak fits."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    ref = tv.models.resnet18(num_classes=10)
+    x = torch.randn(8, 3, 64, 64)
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget=0.85, example_inputs=x)
+    plan = ptt.checkpoint_plan(m)
+    assert plan.measured_peak_bytes <= 0.85 * plan.untreated_peak_bytes, str(plan)
+    assert any(name.startswith("conv1..") for name, *_ in plan.regions), plan.table()  # the stem, as one run
+    for model in (ref, m):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        torch.nn.functional.cross_entropy(model(x), torch.arange(8)).backward()
+        opt.step()
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(
+            b, a, msg=k
+        )  # weights after the update, BN running stats, num_batches_tracked
+
+
+def test_a_deep_copy_of_a_planned_model_is_planned_on_its_own_modules() -> None:
+    x = torch.randn(16, 3, 32, 32)
+    ref = _net()
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget="min", example_inputs=x)
+    twin = copy.deepcopy(m)  # traced parents and wrapped forwards travel with the copy
+    for model in (ref, twin):
+        torch.manual_seed(3)
+        model(x).sum().backward()
+    for (name, p), q in zip(ref.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert all(p.grad is None for p in m.parameters())  # the copy's backward did not reach the original
