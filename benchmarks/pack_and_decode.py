@@ -112,11 +112,11 @@ def bench_decode(files: list[str], n: int, rounds: int) -> list[dict[str, Any]]:
 
 
 def _full_then_resize(data: bytes, box: tuple[int, int, int, int], backend: str) -> np.ndarray:
-    from pytorchtricks.shards.jpeg import _resize
+    from pytorchtricks.shards.jpeg import resize_array
 
     # the whole image decoded, then cut (with backend="roi", crop= would decode only a window)
     top, left, h, w = box
-    return _resize(decode_image(data, backend=backend)[top : top + h, left : left + w], (224, 224))
+    return resize_array(decode_image(data, backend=backend)[top : top + h, left : left + w], (224, 224))
 
 
 CONDITIONS = """

@@ -29,10 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv: list[str] | None = None) -> int:
     from pytorchtricks.clock import compare, environment, write_results
+    from pytorchtricks.data.images import rrc_box
     from pytorchtricks.hardware import cpu_caps
     from pytorchtricks.shards import jpeg
     from pytorchtricks.shards.photoset import build_photo_set
-    from pytorchtricks.tricks.data._images import rrc_box
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(

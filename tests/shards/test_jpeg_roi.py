@@ -290,7 +290,7 @@ def test_crop_box_distribution_is_torchvisions(hw: tuple[int, int]) -> None:
     a false alarm in at most 0.12% of seeds)."""
     from torchvision.transforms import RandomResizedCrop
 
-    from pytorchtricks.tricks.data._images import rrc_box
+    from pytorchtricks.data.images import rrc_box
 
     h, w = hw
     n, scale, ratio = 10_000, (0.08, 1.0), (3 / 4, 4 / 3)

@@ -97,7 +97,7 @@ def test_decoded_images_and_transform(packs):
 
 
 def test_raw_pack_yields_arrays(photos, tmp_path):
-    from pytorchtricks.shards.jpeg import _resize, decode_image
+    from pytorchtricks.shards.jpeg import decode_image, resize_array
     from pytorchtricks.shards.writer import pack
 
     for fmt in ("ptt", "tar"):
@@ -105,7 +105,9 @@ def test_raw_pack_yields_arrays(photos, tmp_path):
     ds = ShardDataset(tmp_path / "ptt", decode=None)
     arr, label, _ = ds[0]
     first = sorted((photos / "lomiri").iterdir())[0].read_bytes()
-    want = _resize(decode_image(first, backend="simplejpeg"), arr.shape[:2], area=True)  # area filter, once
+    want = resize_array(
+        decode_image(first, backend="simplejpeg"), arr.shape[:2], area=True
+    )  # area filter, once
     assert arr.dtype == np.uint8 and max(arr.shape[:2]) == 64 and label == 0
     np.testing.assert_array_equal(arr, want)
     tar_arr = next(iter(ShardStream(tmp_path / "tar", shuffle=False, decode=None)))[0]

@@ -16,7 +16,7 @@ from pytorchtricks.tune.workload import DEFAULT_MIN_MP, SyntheticImages, build_w
 
 def test_folder_workload_reads_through_the_library(models_file, jpeg_folder):
     """One data road: the workload's dataset is ptt's JpegFolder; its example batch comes from make_loader."""
-    from pytorchtricks.tricks.data._folder import JpegFolder
+    from pytorchtricks.data.folder import JpegFolder
 
     w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=24)
     assert isinstance(w.dataset, JpegFolder) and w.data_kind == "files" and w.source == jpeg_folder

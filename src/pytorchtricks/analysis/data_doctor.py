@@ -81,8 +81,8 @@ def open_image_dataset(
 ) -> Any:
     """A folder of class sub-folders -> ``JpegFolder``; a packed shard folder or a pack's URL (``s3://...``,
     read through the node cache ``cache_dir``) -> ``ShardDataset`` (raw bytes)."""
+    from pytorchtricks.data.folder import IMAGE_EXTENSIONS, JpegFolder
     from pytorchtricks.shards.remote import is_url
-    from pytorchtricks.tricks.data._folder import IMAGE_EXTENSIONS, JpegFolder
 
     if isinstance(path, str) and is_url(path):
         from pytorchtricks.shards.dataset import ShardDataset
@@ -105,8 +105,8 @@ def open_image_dataset(
 def _serial(
     dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
 ) -> tuple[dict, float, dict[str, Any]]:
-    from pytorchtricks.shards.jpeg import decode_image, decode_stats, image_size
-    from pytorchtricks.tricks.data._images import (
+    from pytorchtricks.data.batches import stack_batch as _stack
+    from pytorchtricks.data.images import (
         crop_decode,
         hflip,
         is_encoded,
@@ -116,7 +116,7 @@ def _serial(
         sample_rng,
         to_hwc,
     )
-    from pytorchtricks.tricks.data.make_loader import _stack
+    from pytorchtricks.shards.jpeg import decode_image, decode_stats, image_size
 
     out = (crop, crop) if crop else None
     before = decode_stats()

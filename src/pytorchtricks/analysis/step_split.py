@@ -411,7 +411,7 @@ def inner_dataset(ds: Any) -> tuple[Any, list[str]]:
 
 def loader_settings(loader: Any) -> dict[str, Any]:
     """A DataLoader's settings and its dataset's kind (``ptt.make_loader``'s own loader is named as such)."""
-    from pytorchtricks.tricks.data._batches import BatchDataset, StreamBatches
+    from pytorchtricks.data.batches import BatchDataset, StreamBatches
 
     ds = loader.dataset
     batch = loader.batch_size

@@ -183,7 +183,7 @@ def _scaled_box(box: Box, h0: int, w0: int, hs: int, ws: int) -> tuple[int, int,
     return t, lf, b, r
 
 
-def _resize(arr: np.ndarray, hw: tuple[int, int], *, area: bool | None = None) -> np.ndarray:
+def resize_array(arr: np.ndarray, hw: tuple[int, int], *, area: bool | None = None) -> np.ndarray:
     """Resize HWC uint8 to ``hw``. ``area=None``: area averaging when shrinking by 2x or more, else bilinear
     (after a DCT-scaled decode the remaining factor is below 2, where OpenCV's area filter costs ~10x bilinear
     for little gain); ``area=True`` always averages (pack time, where quality beats speed)."""
@@ -206,7 +206,7 @@ def _finish(arr: np.ndarray, box: Box, h0: int, w0: int, target: tuple[int, int]
         arr = arr[t:b, lf:r]
     if target is None:
         target = (box[2], box[3])
-    return _resize(arr, target)
+    return resize_array(arr, target)
 
 
 # ------------------------------------------------------------------------------------------- backends
@@ -301,7 +301,7 @@ def _roi(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarra
     _STATS["window"] += 1
     _count(win.pixels.shape[0] * win.pixels.shape[1])
     arr = win.pixels[:, lf - win.x0 : r - win.x0]
-    return _resize(arr, target or (bx[2], bx[3]))
+    return resize_array(arr, target or (bx[2], bx[3]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -474,7 +474,7 @@ def decode_scaled(
             buf
         ):  # no DCT: decode whole, then average down to the grid (the resample after it < 2x)
             arr = _IMPL["pil"](buf, None, None)
-            return (_resize(arr, (hs, ws), area=True), 0, 0, denom) if denom > 1 else (arr, 0, 0, 1)
+            return (resize_array(arr, (hs, ws), area=True), 0, 0, denom) if denom > 1 else (arr, 0, 0, 1)
         if box is not None and name == "roi":
             t = max(0, math.floor(box[0] / denom) - 1)
             lf = max(0, math.floor(box[1] / denom) - 1)
@@ -492,7 +492,7 @@ def decode_scaled(
                     _count_fallback("unavailable")
         whole = fallback_backend() if name == "roi" else name
         if denom > 1 and whole == "pil":  # no DCT scaling there: decode whole, then average down to the grid
-            arr = _resize(_IMPL["pil"](buf, None, None), (hs, ws), area=True)
+            arr = resize_array(_IMPL["pil"](buf, None, None), (hs, ws), area=True)
             return arr, 0, 0, denom
         arr = _whole_at_scale(buf, denom, whole) if denom > 1 else _IMPL[whole](buf, None, None)
         _count(arr.shape[0] * arr.shape[1])
@@ -532,5 +532,5 @@ def _whole_at_scale(buf: Any, denom: int, name: str) -> np.ndarray:
     img = img.convert("RGB") if img.mode != "RGB" else img
     arr = np.asarray(img)
     if arr.shape[:2] != (hs, ws):  # plain "pil" has no DCT scaling: average down to the grid
-        arr = _resize(arr, (hs, ws), area=True)
+        arr = resize_array(arr, (hs, ws), area=True)
     return arr

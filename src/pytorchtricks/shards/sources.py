@@ -416,7 +416,7 @@ def _no_address(reason: str) -> str:
 def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any]:
     from PIL import Image
 
-    from pytorchtricks.shards.jpeg import _resize, decode_image
+    from pytorchtricks.shards.jpeg import decode_image, resize_array
 
     keep = kind in ("jpeg", "png", "webp", "bmp") and _mode(data) in _PASS_MODES
     # full decode: also the integrity check (the strict JPEG backend fails on truncated files)
@@ -424,7 +424,7 @@ def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any
     h, w = arr.shape[:2]
     target = _target_hw(h, w, opts.get("resize"), opts.get("max_side"))
     if target is not None:
-        arr = _resize(arr, target, area=True)
+        arr = resize_array(arr, target, area=True)
     if opts.get("raw"):
         if opts.get("format") == "tar":
             buf = io.BytesIO()

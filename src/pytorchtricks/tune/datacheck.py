@@ -55,7 +55,7 @@ class FirstSamples:
         return self.n
 
     def read_raw(self, i: int) -> tuple[Any, int, dict[str, Any]]:
-        from pytorchtricks.tricks.data._images import read_item
+        from pytorchtricks.data.images import read_item
 
         if not 0 <= i < self.n:
             raise IndexError(i)
@@ -168,7 +168,7 @@ def label_array(dataset: Any) -> np.ndarray:
     labels = getattr(dataset, "labels", None)
     if labels is not None:
         return np.asarray(labels, dtype=np.int64)
-    from pytorchtricks.tricks.data._images import read_item
+    from pytorchtricks.data.images import read_item
 
     return np.asarray([read_item(dataset, i)[1] for i in range(len(dataset))], dtype=np.int64)
 

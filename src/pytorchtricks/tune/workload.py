@@ -293,8 +293,8 @@ def _dataset(
     data: str | None, size: tuple[int, int], channels: int, bs: int
 ) -> tuple[Any, str, str, str | None]:
     """(dataset, description, kind, source) through the library's readers: JpegFolder, ShardDataset."""
+    from pytorchtricks.data.folder import JpegFolder, split_folders
     from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.tricks.data._folder import JpegFolder, split_folders
 
     h, w = size
     px = f"{h} px" if h == w else f"{h}x{w} px"

@@ -68,7 +68,7 @@ def test_two_in_memory_datasets_of_one_length_get_their_own_arenas(tmp_path):
 
 
 def test_a_folder_dataset_changed_on_disk_gets_a_new_arena(tmp_path):
-    from pytorchtricks.tricks.data._folder import JpegFolder
+    from pytorchtricks.data.folder import JpegFolder
     from pytorchtricks.tricks.data.make_loader import _photo_bytes
 
     photos = tmp_path / "photos" / "c0"

@@ -101,7 +101,7 @@ def test_datasets_over_one_folder_share_one_arena_across_processes(jpegs, tmp_pa
     import subprocess
     import sys
 
-    from pytorchtricks.tricks.data._folder import JpegFolder
+    from pytorchtricks.data.folder import JpegFolder
     from pytorchtricks.tricks.data.cache_in_ram import _key
 
     for raw, i in jpegs:
@@ -112,7 +112,7 @@ def test_datasets_over_one_folder_share_one_arena_across_processes(jpegs, tmp_pa
     b = cache_in_ram(JpegFolder(folder), size=30, cache_dir=str(tmp_path / "cache"), num_workers=0)
     assert a.path == b.path and len(list((tmp_path / "cache").iterdir())) == 1
     code = (
-        "from pytorchtricks.tricks.data._folder import JpegFolder\n"
+        "from pytorchtricks.data.folder import JpegFolder\n"
         "from pytorchtricks.tricks.data.cache_in_ram import _key\n"
         f"print(_key(JpegFolder({folder!r}), 30, None))"
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pytorchtricks.core import NoEffectWarning, PttError
-from pytorchtricks.tricks.data._images import rrc_box
+from pytorchtricks.data.images import rrc_box
 from pytorchtricks.tricks.data.device_augment import (
     batch_cutout,
     batch_flip,

@@ -8,7 +8,7 @@ import pytest
 
 import pytorchtricks as ptt
 from pytorchtricks.core import PttError
-from pytorchtricks.tricks.data._folder import JpegFolder, split_folders
+from pytorchtricks.data.folder import JpegFolder, split_folders
 
 
 def _tree(root: Path, files: list[str]) -> Path:

@@ -13,7 +13,7 @@ from PIL import Image
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
-from pytorchtricks.tricks.data._images import resize_hwc, rrc_box
+from pytorchtricks.data.images import resize_hwc, rrc_box
 from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
 
 N = 37  # prime: no batch size or world size divides it
@@ -136,7 +136,7 @@ def test_flip_is_exact_mirror_and_both_outcomes_occur():
 
 def test_decoded_crop_written_into_the_batch_equals_the_plain_path():
     # decoded pixels (RAM cache, tensors) are resized straight into the batch slot and flipped in place there
-    from pytorchtricks.tricks.data._images import SampleMaker, sample_rng
+    from pytorchtricks.data.images import SampleMaker, sample_rng
 
     g = torch.Generator().manual_seed(2)
     maker = SampleMaker((16, 20), (0.08, 1.0), (3 / 4, 4 / 3), True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytorchtricks.tricks.data._folder import JpegFolder
+from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.tricks.data.cache_in_ram import SAMPLED_FILES, _content, cache_in_ram
 from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
 

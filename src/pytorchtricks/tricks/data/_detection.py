@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.batches import batch_buffer, init_worker
 from pytorchtricks.data.detection_loader import (
     DetectionBatch,
     DetectionBatcher,
@@ -24,7 +25,6 @@ from pytorchtricks.data.detection_loader import (
     aspect_groups,
 )
 from pytorchtricks.data.recipes import DetectionRecipe
-from pytorchtricks.tricks.data._batches import batch_buffer, init_worker
 from pytorchtricks.tricks.data.make_loader import Loader, _dist_rank_world
 
 __all__ = ["DetectionLoaderConfig", "make_detection_loader"]

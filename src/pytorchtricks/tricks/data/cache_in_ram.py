@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo
+from pytorchtricks.data.folder import JpegFolder
+from pytorchtricks.data.images import is_encoded, read_item, resize_hwc, to_hwc
 from pytorchtricks.shards.jpeg import decode_image, image_size
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tricks.data._arena import (
@@ -50,8 +52,6 @@ from pytorchtricks.tricks.data._arena import (
 from pytorchtricks.tricks.data._arena import (
     ArenaInfo as ArenaInfo,  # re-exported: ptt.ArenaInfo, what list_arenas returns
 )
-from pytorchtricks.tricks.data._folder import JpegFolder
-from pytorchtricks.tricks.data._images import is_encoded, read_item, resize_hwc, to_hwc
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
 __all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]

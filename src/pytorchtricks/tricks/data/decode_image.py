@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import BenchCase, TrickInfo
-from pytorchtricks.shards.jpeg import _resize, available_backends, decode_image, fallback_backend, image_size
+from pytorchtricks.shards.jpeg import (
+    available_backends,
+    decode_image,
+    fallback_backend,
+    image_size,
+    resize_array,
+)
 
 __all__ = ["decode_image", "image_size"]
 
@@ -73,7 +79,9 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
         boxes.append(((h - s) // 2, (w - s) // 2, s, s))
 
     def same_backend_full() -> list[np.ndarray]:  # isolates DCT scaling from the choice of library
-        return [_resize(decode_image(d, crop=b, backend=whole), (224, 224)) for d, b in zip(jpegs, boxes)]
+        return [
+            resize_array(decode_image(d, crop=b, backend=whole), (224, 224)) for d, b in zip(jpegs, boxes)
+        ]
 
     def scaled() -> list[np.ndarray]:
         return [decode_image(d, size=(224, 224), crop=b, backend=backend) for d, b in zip(jpegs, boxes)]

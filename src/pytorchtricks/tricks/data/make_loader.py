@@ -26,9 +26,8 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo
-from pytorchtricks.tricks.data._batches import BatchDataset, EpochBatches, StreamBatches, init_worker
-from pytorchtricks.tricks.data._batches import stack_batch as _stack  # noqa: F401  (data_doctor imports it here)
-from pytorchtricks.tricks.data._images import SampleMaker, resize_hwc, rrc_box, sample_rng
+from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker
+from pytorchtricks.data.images import SampleMaker, resize_hwc, rrc_box, sample_rng
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
 __all__ = ["make_loader"]

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError, PttWarning
+from pytorchtricks.data.images import SampleMaker, read_item, sample_rng
 from pytorchtricks.shards.errors import DecodeError, ShardError
-from pytorchtricks.tricks.data._images import SampleMaker, read_item, sample_rng
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
