@@ -96,3 +96,31 @@ def test_no_circles_between_modules():
                     seen.add(nxt)
                     stack.append((nxt, (*path, nxt)))
     assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def _private(module: str, name: str | None) -> bool:
+    """A ``_module`` anywhere below the package (``tricks.data._folder``) or a ``_name`` imported from a module."""
+    parts = module.split(".")[1:]
+    hidden = any(p.startswith("_") and not p.startswith("__") for p in parts)
+    return hidden or (name is not None and name.startswith("_") and not name.startswith("__"))
+
+
+def test_no_private_module_is_imported_across_packages():
+    """A ``_module`` (or a ``_name`` of a module) is its package's own: another package (``analysis``, ``tune``,
+    ``tricks``...) that needs it needs it public (or moved), not reached into."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        me = _module(path)
+        top = me.split(".")[1] if "." in me else None
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module.split(".")[0] != "pytorchtricks" or node.module == "pytorchtricks":
+                continue
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                target = sub if sub in MODULES else node.module
+                name = None if target == sub else a.name
+                if target.split(".")[1] != top and _private(target, name):
+                    found.append(f"{me}:{node.lineno} imports {target}{'.' + name if name else ''}")
+    assert not found, "private imports across packages (make them public or move them):\n" + "\n".join(found)

@@ -41,8 +41,8 @@ _EXPORTS: dict[str, str] = {
     "seeded_generator": "pytorchtricks.tricks.runtime.seed_everything",
     # tricks/data
     "make_loader": "pytorchtricks.tricks.data.make_loader",
-    "make_detection_loader": "pytorchtricks.tricks.data._detection",
-    "DetectionLoaderConfig": "pytorchtricks.tricks.data._detection",
+    "make_detection_loader": "pytorchtricks.tricks.data.make_detection_loader",
+    "DetectionLoaderConfig": "pytorchtricks.tricks.data.make_detection_loader",
     "DetectionRecipe": "pytorchtricks.data.recipes",
     "DetectionDataset": "pytorchtricks.data.detection",
     "open_detection": "pytorchtricks.data.detection",

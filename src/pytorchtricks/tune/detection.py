@@ -208,7 +208,7 @@ def our_loader(
     """``ptt.make_detection_loader`` with the reference's geometry (shortest side ``min_size``, long side at most
     ``max_size``, flip 0.5 in training): the images the model's transform would make, decoded at that size."""
     from pytorchtricks.data.recipes import DetectionRecipe
-    from pytorchtricks.tricks.data._detection import DetectionLoaderConfig, make_detection_loader
+    from pytorchtricks.tricks.data.make_detection_loader import DetectionLoaderConfig, make_detection_loader
 
     cfg = DetectionLoaderConfig(
         shuffle=train, drop_last=train, num_workers=int(kwargs.get("num_workers", 0)), seed=seed,
