@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "seeded_generator": "pytorchtricks.tricks.runtime.seed_everything",
     # tricks/data
     "make_loader": "pytorchtricks.tricks.data.make_loader",
+    "LoaderConfig": "pytorchtricks.tricks.data.make_loader",
     "make_detection_loader": "pytorchtricks.tricks.data.make_detection_loader",
     "DetectionLoaderConfig": "pytorchtricks.tricks.data.make_detection_loader",
     "DetectionRecipe": "pytorchtricks.data.recipes",
@@ -65,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "JpegFolder": "pytorchtricks.data.folder",
     "split_folders": "pytorchtricks.data.folder",
     "pack": "pytorchtricks.tricks.data.pack",
+    "PackConfig": "pytorchtricks.tricks.data.pack",
     "decode_image": "pytorchtricks.tricks.data.decode_image",
     "image_size": "pytorchtricks.tricks.data.decode_image",
     # tricks/loop

@@ -96,9 +96,32 @@ def _died(written: list[dict[str, Any]]) -> WorkerDied:
     return message
 
 
+@dataclasses.dataclass(frozen=True)
+class PackConfig:
+    """``pack``'s options as one value: ``ptt.pack(src, dst, ptt.PackConfig(format="tar", resize=256))`` (the
+    keywords of ``pack`` are a convenience over it; see there for what each does)."""
+
+    format: str = "ptt"
+    resize: int | None = None
+    max_side: int | None = None
+    quality: int | None = None
+    raw: bool = False
+    shard_size: int | str = "64MB"
+    workers: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    strict: bool = False
+    verify: bool = False
+    progress: bool = False
+    max_pixels: int = MAX_PIXELS
+    distributed: bool = False
+    staging_dir: str | os.PathLike[str] | None = None
+
+
 def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
+    config: PackConfig | None = None,
     *,
     format: str = "ptt",
     resize: int | None = None,
@@ -155,6 +178,13 @@ def pack(
         >>> ptt.pack(src, tempfile.mkdtemp() + "/out", workers=0)["count"]
         1
     """
+    if config is not None:  # the config's values, unless keywords were given too
+        args = locals()  # before any comprehension: its own scope on Python 3.11
+        given = {f.name for f in dataclasses.fields(PackConfig) if args[f.name] != f.default}
+        if given:
+            raise PttError(f"pass a PackConfig or keywords, not both (got {', '.join(sorted(given))} too).")
+        (format, resize, max_side, quality, raw, shard_size, workers, shuffle, seed, strict, verify, progress,
+         max_pixels, distributed, staging_dir) = (getattr(config, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
     if format not in FORMATS:
         raise PttError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}.")
     if raw and quality is not None:

@@ -359,3 +359,17 @@ def test_make_loader_returns_one_type_and_a_device_loader_prefetches(jpegs):
         assert len(a) == len(b) == len(plain) and all(
             torch.equal(x, y) and torch.equal(u, v) for (x, u), (y, v) in zip(a, b, strict=True)
         )
+
+
+def test_a_loader_config_gives_the_same_batches_as_its_keywords():
+    import pytorchtricks as ptt
+    from pytorchtricks.core import PttError
+
+    ds = [(torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8, generator=torch.Generator().manual_seed(i)), i % 3)
+          for i in range(12)]  # fmt: skip
+    kw = dict(crop=32, num_workers=0, seed=5, scale=(0.5, 1.0))
+    a = [x for x, _ in ptt.make_loader(ds, 4, **kw)]
+    b = [x for x, _ in ptt.make_loader(ds, 4, ptt.LoaderConfig(**kw))]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    with pytest.raises(PttError, match="not both"):
+        ptt.make_loader(ds, 4, ptt.LoaderConfig(crop=32), num_workers=0)

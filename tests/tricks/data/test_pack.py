@@ -78,3 +78,26 @@ def test_bench_case_smoke_reads_the_same_data():
         assert a == b > 0
     finally:
         case.cleanup()
+
+
+def test_a_pack_config_packs_the_same_bytes_as_its_keywords(tmp_path):
+    import hashlib
+
+    from PIL import Image
+
+    import pytorchtricks as ptt
+    from pytorchtricks.core import PttError
+
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    for i in range(6):
+        Image.new("RGB", (40 + i, 30), (10 * i, 20, 30)).save(src / f"{i}.jpg")
+
+    def digest(folder):
+        return sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file())
+
+    ptt.pack(str(tmp_path / "src"), str(tmp_path / "a"), format="tar", workers=0, seed=3)
+    ptt.pack(str(tmp_path / "src"), str(tmp_path / "b"), ptt.PackConfig(format="tar", workers=0, seed=3))
+    assert digest(tmp_path / "a") == digest(tmp_path / "b") and (tmp_path / "b" / "manifest.json").exists()
+    with pytest.raises(PttError, match="not both"):
+        ptt.pack(str(tmp_path / "src"), str(tmp_path / "c"), ptt.PackConfig(), workers=0)

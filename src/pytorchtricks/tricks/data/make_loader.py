@@ -17,6 +17,7 @@ See also: cache_in_ram, prefetch_to_device, autotune_loader, doctor_data; 预处
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,7 @@ from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches
 from pytorchtricks.data.images import SampleMaker, resize_hwc, rrc_box, sample_rng
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
-__all__ = ["make_loader"]
+__all__ = ["LoaderConfig", "make_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
@@ -235,9 +236,37 @@ class _Started:
         return self.it
 
 
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+    """``make_loader``'s options as one value: ``ptt.make_loader(ds, 256, ptt.LoaderConfig(crop=224, num_workers=8))``
+    (the keywords of ``make_loader`` are a convenience over it; see there for what each does)."""
+
+    mode: Mode = "train"
+    crop: int | tuple[int, int] | None = 224
+    resize: int | None = None
+    scale: tuple[float, float] | None = None
+    ratio: tuple[float, float] | None = None
+    flip: bool | None = None
+    shuffle: bool | None = None
+    drop_last: bool | None = None
+    num_workers: int | None = None
+    device: str | torch.device | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str = "auto"
+    scaled_decode: bool = True
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
+
+
 def make_loader(
     dataset: Any,
     batch_size: int,
+    config: LoaderConfig | None = None,
     *,
     mode: Mode = "train",
     crop: int | tuple[int, int] | None = 224,
@@ -275,6 +304,8 @@ def make_loader(
     size before cropping (the reference path, for comparison). With ``device`` set to a CUDA device the batches
     arrive there through ``prefetch_to_device`` (pinned memory, side-stream copies).
 
+    ``config``: a ``LoaderConfig`` holding these options instead of the keywords (not both).
+
     ``dataset`` may also be a pack's folder or URL (``s3://bucket/pack``): a ptt pack is read as a ``ShardDataset``,
     a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``); a URL's shards come
     through the node cache ``cache_dir`` (bounded by ``cache_limit`` bytes).
@@ -288,6 +319,15 @@ def make_loader(
         >>> [tuple(x.shape) for x, _ in val], [y.tolist() for _, y in val][-1], val.dropped_per_epoch
         ([(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)], [0, 1], 0)
     """
+    if config is not None:  # the config's values, unless keywords were given too
+        args = locals()  # before any comprehension: its own scope on Python 3.11
+        # a keyword left at its default is not "given"
+        given = {f.name for f in dataclasses.fields(LoaderConfig) if args[f.name] != f.default}
+        if given:
+            raise PttError(f"pass a LoaderConfig or keywords, not both (got {', '.join(sorted(given))} too).")
+        (mode, crop, resize, scale, ratio, flip, shuffle, drop_last, num_workers, device, pin_memory,
+         persistent_workers, prefetch_factor, seed, rank, world_size, backend, scaled_decode, cache_dir,
+         cache_limit) = (getattr(config, f.name) for f in dataclasses.fields(LoaderConfig))  # fmt: skip
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     train = mode == "train"

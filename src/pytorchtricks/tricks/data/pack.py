@@ -24,10 +24,10 @@ import warnings
 from typing import Any
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
-from pytorchtricks.shards.writer import pack
+from pytorchtricks.shards.writer import PackConfig, pack
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
-__all__ = ["pack"]
+__all__ = ["PackConfig", "pack"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True, needs=("data",))
 
