@@ -1,4 +1,4 @@
-"""Activation checkpointing of a chain of blocks, planned from measured bytes, safe with BatchNorm and dropout.
+"""Activation checkpointing of any module tree (or a chain of blocks), planned from measured bytes, exact with BN and dropout.
 
 Why: a training step keeps every activation autograd saves until backward; recomputing parts of the network during
 backward instead keeps only their inputs (Chen et al. 2016: O(sqrt N) memory for one extra forward). With
