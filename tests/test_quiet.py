@@ -91,7 +91,7 @@ def test_tune_and_profile_write_nothing_alarming(tmp_path):
          "--time-budget", "12", "--out", str(tmp_path / "receipt")],
         str(tmp_path),
     )  # fmt: skip
-    assert "recommended:" in out
+    assert "recommended:" in out or "no recommendation:" in out  # a busy machine is said, not hidden
     assert not ALARM.search(out), [line for line in out.splitlines() if ALARM.search(line)]
     out = _run(
         ["profile", spec, "--input-shape", "4,3,16,16", "--steps", "2", "--profile-steps", "1"], str(tmp_path)

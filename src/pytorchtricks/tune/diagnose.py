@@ -34,6 +34,7 @@ ALONE_ABOVE_WHOLE = 1.10
 # the stages of a step (data wait, host->device, forward, backward, optimizer) cover it but for the loop's own
 # Python between them (microseconds): below this share of the wall time, the split does not add up
 SPLIT_COVERS = 0.90
+LOOK_S = 1.0  # the shortest window the machine's load is judged on (a neighbour's burst is tens of ms)
 
 
 @dataclass
@@ -352,6 +353,16 @@ def _alone(w: Workload, steps: int, notes: list[str]) -> tuple[float | None, Cpu
     return None, None
 
 
+def _look(seconds: float) -> CpuUse:
+    """Who uses the CPU over ``seconds`` while this process waits."""
+    import threading
+
+    with CpuMeter() as cm:
+        threading.Event().wait(seconds)
+    assert cm.result is not None
+    return cm.result
+
+
 def _children_alive() -> bool:
     import psutil
 
@@ -435,7 +446,12 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     if compute_alone_s is not None and compute_alone_s > ALONE_ABOVE_WHOLE * step_s:
         alone_for_verdict = None  # still above the whole step: not a figure to conclude from
     cpu = {"whole step": whole_use} | ({"compute alone": alone_use} if alone_use is not None else {})
-    busy = judge.machine_busy(CpuUse.added(list(cpu.values())), threads)
+    seen = CpuUse.added(list(cpu.values()))
+    if (
+        seen is not None and seen.wall_s < LOOK_S
+    ):  # a fast step: its windows are too short to judge the load on
+        seen = _look(LOOK_S)
+    busy = judge.machine_busy(seen, threads)
     if busy:
         unreliable.append(f"the machine was busy while the diagnosis measured: {busy}")
     cs = judge.CoreSeconds.of(whole_use, len(per))
