@@ -75,38 +75,9 @@ def _now() -> float:
 
 def coco_root(photos: str, work: str, seed: int = 0) -> tuple[str, str]:
     """``(images folder, annotation file)``: the photos with 1-8 seeded boxes each, as a COCO instances JSON."""
-    import numpy as np
+    from pytorchtricks.shards.photoset import coco_with_boxes
 
-    from pytorchtricks.shards.jpeg import image_size
-
-    ann = os.path.join(work, "instances_train.json")
-    if os.path.exists(ann):
-        return photos, ann
-    files = sorted(
-        os.path.relpath(os.path.join(d, f), photos)
-        for d, _, fs in os.walk(photos)
-        for f in fs
-        if f.endswith(".jpg")
-    )
-    rng = np.random.default_rng(seed)
-    images, anns = [], []
-    for n, rel in enumerate(files):
-        with open(os.path.join(photos, rel), "rb") as fh:
-            h, w = image_size(fh.read(1 << 20))
-        images.append({"id": n, "file_name": rel, "width": w, "height": h})
-        for _ in range(int(rng.integers(1, 9))):
-            bw, bh = float(rng.integers(w // 40, w // 2)), float(rng.integers(h // 40, h // 2))
-            x, y = float(rng.integers(0, w - bw)), float(rng.integers(0, h - bh))
-            anns.append(
-                {"id": len(anns), "image_id": n, "category_id": 1 + len(anns) % 3, "bbox": [x, y, bw, bh],
-                 "area": bw * bh, "iscrowd": 0}
-            )  # fmt: skip
-    cats = [{"id": i, "name": c} for i, c in ((1, "a"), (2, "b"), (3, "c"))]
-    os.makedirs(work, exist_ok=True)
-    with open(ann + ".tmp", "w") as fh:
-        json.dump({"images": images, "annotations": anns, "categories": cats}, fh)
-    os.replace(ann + ".tmp", ann)
-    return photos, ann
+    return photos, coco_with_boxes(photos, os.path.join(work, "instances_train.json"), seed)
 
 
 # ------------------------------------------------------------------------------------------------ systems

@@ -14,11 +14,9 @@ serve detection (``TuneHook.tasks``) are measured, the others are skipped with t
 from __future__ import annotations
 
 import io
-import json
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -36,38 +34,14 @@ def builtin_root(cache_dir: str) -> str:
     """The built-in detection set: ``BUILTIN_PHOTOS`` high-resolution crops of the Debian wallpapers (>= 2 MP, at
     native resolution) with 1-8 seeded boxes each, as a COCO instances JSON; built once under ``cache_dir``.
     Returns the annotation file (``open_detection`` reads the images beside it)."""
-    from pytorchtricks.shards.jpeg import image_size
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.shards.photoset import build_photo_set, coco_with_boxes
 
     root = os.path.join(cache_dir, f"tune-detection-{BUILTIN_PHOTOS}-{BUILTIN_SEED}")
     ann = os.path.join(root, "annotations.json")
-    if os.path.exists(ann):
-        return ann
-    photos = os.path.join(root, "images")
-    build_photo_set(photos, BUILTIN_PHOTOS, seed=BUILTIN_SEED, min_mp=2.0)
-    files = sorted(
-        os.path.relpath(os.path.join(d, f), photos)
-        for d, _, fs in os.walk(photos)
-        for f in fs
-        if f.endswith(".jpg")
-    )
-    rng = np.random.default_rng(BUILTIN_SEED)
-    images: list[dict[str, Any]] = []
-    anns: list[dict[str, Any]] = []
-    for n, rel in enumerate(files):
-        with open(os.path.join(photos, rel), "rb") as fh:
-            h, w = image_size(fh.read(1 << 20))
-        images.append({"id": n, "file_name": rel, "width": w, "height": h})
-        for _ in range(int(rng.integers(1, 9))):  # boxes of 1/40 to 1/2 of each side, anywhere in the image
-            bw, bh = float(rng.integers(w // 40, w // 2)), float(rng.integers(h // 40, h // 2))
-            x, y = float(rng.integers(0, int(w - bw))), float(rng.integers(0, int(h - bh)))
-            anns.append({"id": len(anns) + 1, "image_id": n, "category_id": 1 + len(anns) % 3,
-                         "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})  # fmt: skip
-    cats = [{"id": i, "name": c} for i, c in ((1, "a"), (2, "b"), (3, "c"))]
-    tmp = f"{ann}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"images": images, "annotations": anns, "categories": cats}, fh)
-    os.replace(tmp, ann)
+    if not os.path.exists(ann):
+        photos = os.path.join(root, "images")
+        build_photo_set(photos, BUILTIN_PHOTOS, seed=BUILTIN_SEED, min_mp=2.0)
+        coco_with_boxes(photos, ann, BUILTIN_SEED)
     return ann
 
 
