@@ -61,7 +61,7 @@ def _summary(name: str, folder: str) -> dict:
         "ratio": combined.get("ratio"),
         "ratio_q1": combined.get("ratio_q1"),
         "ratio_q3": combined.get("ratio_q3"),
-        "self_check_s": sc.get("median_s"),
+        "self_check_s": sc.get("min_s"),
         "self_check_ratio": sc.get("ratio"),
         "busy_share": {k: v.get("busy_share") for k, v in (run.get("cpu") or {}).items()},
         "unreliable": run.get("unreliable") or [],

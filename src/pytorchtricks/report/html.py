@@ -116,9 +116,9 @@ def _cpu_table(p: dict[str, Any]) -> str:
         )
     sc = p.get("self_check") or {}
     check = ""
-    if sc.get("median_s") and sc.get("tune_compute_alone_s"):
+    if sc.get("min_s") and sc.get("tune_compute_alone_s"):
         check = (
-            f"<p>Self-check: the compute step took {sc['median_s'] * 1e3:.1f} ms in a fresh process and "
+            f"<p>Self-check: the compute step took {sc['min_s'] * 1e3:.1f} ms in a fresh process and "
             f"{sc['tune_compute_alone_s'] * 1e3:.1f} ms in tune's diagnosis ({sc['ratio']:.2f}x: "
             f"{'they agree' if sc.get('agrees') else 'they DISAGREE'}).</p>"
         )

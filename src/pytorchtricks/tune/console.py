@@ -162,9 +162,9 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
     if busy:
         lines.append("CPU taken by other processes, per phase: " + ", ".join(busy))
     sc = res.self_check or {}
-    if sc.get("median_s") and sc.get("tune_compute_alone_s"):
+    if sc.get("min_s") and sc.get("tune_compute_alone_s"):
         lines.append(
-            f"self-check: compute step {sc['median_s']:.3f} s in a fresh process vs {sc['tune_compute_alone_s']:.3f} s "
+            f"self-check: compute step {sc['min_s']:.3f} s in a fresh process vs {sc['tune_compute_alone_s']:.3f} s "
             f"in tune ({sc['ratio']:.2f}x{'' if sc.get('agrees') else ', DISAGREE'})"
         )
     elif sc:

@@ -745,7 +745,7 @@ def _judge_reliability(res: TuneResult) -> None:
     sc = res.self_check or {}
     if sc.get("agrees") is False:
         out.append(
-            f"self-check: the compute step took {sc['median_s']:.3f} s in a fresh process and "
+            f"self-check: the compute step took {sc['min_s']:.3f} s in a fresh process and "
             f"{sc['tune_compute_alone_s']:.3f} s in tune's diagnosis ({sc['ratio']:.2f}x apart)"
         )
     res.unreliable = list(dict.fromkeys(out))
