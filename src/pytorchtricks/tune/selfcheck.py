@@ -39,6 +39,9 @@ def request(workload: dict[str, Any], threads: int, data: str | None = None) -> 
         "optimizer": workload.get("optimizer"),
         "threads": threads,
         "task": workload.get("task", "classification"),
+        "num_outputs": workload.get(
+            "num_outputs"
+        ),  # the built-in ResNet-18's head is sized to the data's classes
         # a detector's step needs its images and boxes (the same data, read again); a classifier's arithmetic does
         # not depend on the pixels, so synthetic batches of the same shape serve
         "data": data if workload.get("task") == "detection" else "synthetic",
@@ -94,6 +97,11 @@ def _main(argv: list[str]) -> int:
         input_size=int(req["input_shape"][1]) if detect else None, num_workers=0, for_=req["for"],
         device=req["device"], optimizer=(opt[0], opt[1]) if opt else None, task=req.get("task", "classification"),
     )  # fmt: skip
+    want = req.get("num_outputs")
+    if (
+        not detect and want and w.num_outputs != want
+    ):  # a head tune resized to its data's classes: the same here
+        _resize_head(w, int(want))
     r = Runner(w, (), batches=stage_batches(w, 2))
     try:
         r.step()  # the first steps pay lazy initialisation (allocator, kernel and primitive caches)
@@ -120,6 +128,28 @@ def _main(argv: list[str]) -> int:
         )
     )
     return 0
+
+
+def _resize_head(w: Any, n: int) -> None:
+    """Give the workload's model the head tune's had: its last Linear with ``w.num_outputs`` outputs, ``n`` wide."""
+    import copy
+
+    from torch import nn
+
+    model = w.model_factory()
+    heads = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.out_features == w.num_outputs
+    ]
+    if not heads:
+        return
+    name, old = heads[-1]
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    setattr(parent, name.rpartition(".")[2], nn.Linear(old.in_features, n, bias=old.bias is not None))
+    state = copy.deepcopy(model)
+    w.model_factory = lambda: copy.deepcopy(state)
+    w.num_outputs = n
 
 
 if __name__ == "__main__":
