@@ -694,8 +694,14 @@ def _remeasure_when_quiet(w: Workload, res: TuneResult, dl: Deadline, prog: Prog
     res.diagnosis = again
 
 
+SELF_CHECK_START_S = (
+    8.0  # a fresh interpreter imports torch and torchvision and builds the model (seen: 4-6 s)
+)
+
+
 def _self_check_reserve_s(budget: float) -> float:
-    return min(15.0, 0.06 * budget)
+    """Seconds kept at the end of the budget for the self-check: its start plus a few of a fast step's seconds."""
+    return min(20.0, max(SELF_CHECK_START_S + 4.0, 0.08 * budget))
 
 
 def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> None:
@@ -720,7 +726,7 @@ def _self_check(w: Workload, res: TuneResult, dl: Deadline, prog: Progress) -> N
     step = diag.compute_alone_s or diag.step_s
     # a fresh interpreter imports torch and builds the model (~5-10 s), then one warm-up and the timed steps
     steps = max(1, min(5, int(0.5 * _self_check_reserve_s(res.budget_s) / max(step, 1e-6))))
-    need = 10.0 + (1 + steps) * step
+    need = SELF_CHECK_START_S + (2 + steps) * step + 0.5  # two warm-up steps, the timed ones (>= 0.5 s)
     if need > dl.remaining_s + _self_check_reserve_s(res.budget_s):
         res.self_check = {
             "skipped": f"a fresh process needs ~{need:.0f} s for a {step:.1f} s step, more than the "
