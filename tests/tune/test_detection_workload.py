@@ -97,7 +97,8 @@ def test_the_two_loaders_own_rates_are_measured_side_by_side(workload):
 
     rates = loader_rates(workload, batches=2)
     assert len(rates) == 2 and any("reference" in k for k in rates) and "ptt.make_detection_loader" in rates
-    assert all(r["images_per_s"] > 0 and r["cpu_s_per_image"] > 0 for r in rates.values())
+    # CPU time comes in 10 ms ticks: over a few small images it can read 0, never less
+    assert all(r["images_per_s"] > 0 and r["cpu_s_per_image"] >= 0 for r in rates.values())
 
 
 @pytest.mark.parametrize("trick", ["fast_optimizer", "mixed_precision"])
