@@ -582,14 +582,20 @@ class CpuMeter:
                 before = self._all0.get(pid, (name, 0.0))[1]
                 top[(name, pid)] = cpu - before
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        machine = psutil.cpu_count() or cores
+        # the kernel counts CPU time in ticks (10 ms per core at USER_HZ 100) and the counters are read at
+        # slightly different instants: over a phase of a fraction of a second that error alone can exceed the
+        # wall time. Nobody can hold more than the machine's cores for the phase, so others are bounded by
+        # what our processes left of them.
+        room = max(0.0, wall * machine - main - workers)
         self.result = CpuUse(
             wall_s=wall,
             cores=cores,
-            machine_cores=psutil.cpu_count() or cores,
+            machine_cores=machine,
             main_cpu_s=main,
             workers_cpu_s=workers,
-            others_cpu_s=max(0.0, busy - main - workers),
-            steal_s=steal,
+            others_cpu_s=min(room, max(0.0, busy - main - workers)),
+            steal_s=min(steal, max(0.0, room - max(0.0, busy - main - workers))),
             run_queue=sum(self._queue) / len(self._queue) if self._queue else None,
             top_others=_top(top),
             workers=len(self._tree),

@@ -162,11 +162,12 @@ def _collate(batch: Any) -> Any:
 
 
 def reference_loader(dataset: Any, batch_size: int, num_workers: int, seed: int, train: bool) -> Any:
-    """The user's pipeline as the detection reference runs it (see ``ReferencePolicy``)."""
+    """The user's pipeline as the detection reference runs it (see ``ReferencePolicy``); its workers persist
+    across epochs, so that tune times the steady state (``Runner`` stops them between variants)."""
     g = torch.Generator().manual_seed(seed)
     return torch.utils.data.DataLoader(
         ReferencePolicy(dataset), batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
-        collate_fn=_collate, generator=g,
+        collate_fn=_collate, generator=g, persistent_workers=num_workers > 0,
     )  # fmt: skip
 
 
@@ -186,7 +187,7 @@ def our_loader(
 
     cfg = DetectionLoaderConfig(
         shuffle=train, drop_last=train, num_workers=int(kwargs.get("num_workers", 0)), seed=seed,
-        persistent_workers=False,
+        persistent_workers=True,  # steady state: tune's Runner stops them between its variants' blocks
     )  # fmt: skip
     recipe = DetectionRecipe.shortest_side(min_size, max_size, flip=0.5 if train else 0.0)
     return make_detection_loader(dataset, batch_size, recipe, cfg)
