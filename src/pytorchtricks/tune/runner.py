@@ -206,7 +206,9 @@ class Runner:
             from pytorchtricks.tricks.data.make_loader import make_loader
 
             kw = dict(s.loader_kwargs)
-            kw.setdefault("persistent_workers", True)  # across epochs; deactivate() stops them between variants
+            kw.setdefault(
+                "persistent_workers", True
+            )  # across epochs; deactivate() stops them between variants
             loader = make_loader(
                 s.dataset,
                 w.batch_size,
