@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import shutil
@@ -85,10 +86,28 @@ def _uss() -> int:
     return int(psutil.Process().memory_full_info().uss)
 
 
-def _median_open(fn: Any) -> float:
-    from pytorchtricks.clock import time_call
+def _metered(fn: Any) -> tuple[Any, dict[str, Any]]:
+    """``fn()`` timed, with the CPU-seconds this process and its workers spent on it (``clock.CpuMeter``) and the
+    bytes the machine read from its disks meanwhile: a stage whose files no longer fit the page cache turns into
+    disk reads, and its wall time then measures the disk; its CPU-seconds still measure our per-sample work."""
+    import psutil
 
-    return sorted(time_call(fn)[1] for _ in range(3))[1]
+    from pytorchtricks.clock import CpuMeter, time_call
+
+    d0 = psutil.disk_io_counters()
+    with CpuMeter() as m:
+        value, s = time_call(fn)
+    d1 = psutil.disk_io_counters()
+    use = m.result
+    assert use is not None
+    read = int(d1.read_bytes - d0.read_bytes) if d0 is not None and d1 is not None else None
+    return value, {"s": s, "cpu_s": use.main_cpu_s + use.workers_cpu_s, "disk_read_bytes": read}
+
+
+def _median_open(fn: Any) -> dict[str, Any]:
+    """The median of 3 calls (wall), with the CPU-seconds and disk reads of that median call."""
+    runs = sorted((_metered(fn)[1] for _ in range(3)), key=lambda r: r["s"])
+    return runs[1]
 
 
 def _epoch(loader: Any) -> tuple[float, float, int]:
@@ -107,7 +126,6 @@ def stage(name: str, n: int, data: str, work: str) -> dict[str, Any]:
     """One stage at size ``n`` in this (fresh) process, after the same call on the 2,000-image set."""
     warnings.simplefilter("ignore")
     import pytorchtricks as ptt
-    from pytorchtricks.clock import time_call
 
     src, base = os.path.join(data, f"n{n}"), os.path.join(data, f"n{BASE_N}")
     pack_dir = os.path.join(work, f"pack-{n}")
@@ -115,17 +133,17 @@ def stage(name: str, n: int, data: str, work: str) -> dict[str, Any]:
         from torchvision.datasets import ImageFolder
 
         ImageFolder(base)
-        return {"s": _median_open(lambda: ImageFolder(src))}
+        return _median_open(lambda: ImageFolder(src))
     if name == "jpegfolder":
         ptt.JpegFolder(base)
-        return {"s": _median_open(lambda: ptt.JpegFolder(src))}
+        return _median_open(lambda: ptt.JpegFolder(src))
     if name == "pack":
         shutil.rmtree(pack_dir, ignore_errors=True)
-        _, s = time_call(lambda: ptt.pack(src, pack_dir, workers=2))
-        return {"s": s, "bytes": sum(e.stat().st_size for e in os.scandir(pack_dir))}
+        _, m = _metered(lambda: ptt.pack(src, pack_dir, workers=2))
+        return m | {"bytes": sum(e.stat().st_size for e in os.scandir(pack_dir))}
     if name == "open":
         ptt.ShardDataset(os.path.join(work, f"pack-{BASE_N}"))
-        return {"s": _median_open(lambda: ptt.ShardDataset(pack_dir))}
+        return _median_open(lambda: ptt.ShardDataset(pack_dir))
     if name == "loader":  # USS at the first batch, workers alive; the 2K set's own run is the baseline
         import gc
 
@@ -144,28 +162,34 @@ def stage(name: str, n: int, data: str, work: str) -> dict[str, Any]:
         first = now_s() - t0
         uss = _uss()
         del it
-        _, epoch_s, imgs = _epoch(loader)
-        return {"first_batch_s": first, "uss_bytes": uss, "epoch_s": epoch_s, "images_per_s": imgs / epoch_s}
+        (_, epoch_s, imgs), m = _metered(lambda: _epoch(loader))
+        return {
+            "first_batch_s": first, "uss_bytes": uss, "epoch_s": epoch_s, "images_per_s": imgs / epoch_s,
+            "cpu_s": m["cpu_s"], "disk_read_bytes": m["disk_read_bytes"],
+        }  # fmt: skip
     if name == "cache_build":
         ds = ptt.JpegFolder(src)
-        _, epoch_s, imgs = _epoch(ptt.make_loader(ds, 256, crop=32, num_workers=2))
+        (_, epoch_s, imgs), e = _metered(lambda: _epoch(ptt.make_loader(ds, 256, crop=32, num_workers=2)))
         where = os.path.join(work, f"cache-{n}")
         shutil.rmtree(where, ignore_errors=True)
-        cached, s = time_call(lambda: ptt.cache_in_ram(ds, 32, cache_dir=where, num_workers=2))
-        return {"s": s, "epoch_s": epoch_s, "images": imgs, "arena_bytes": int(cached.nbytes)}
+        cached, m = _metered(lambda: ptt.cache_in_ram(ds, 32, cache_dir=where, num_workers=2))
+        return m | {
+            "epoch_s": epoch_s, "epoch_cpu_s": e["cpu_s"], "epoch_disk_read_bytes": e["disk_read_bytes"],
+            "images": imgs, "arena_bytes": int(cached.nbytes),
+        }  # fmt: skip
     if name == "cache_reopen":
         where = os.path.join(work, f"cache-{n}")
         ds = ptt.JpegFolder(src)
         ptt.cache_in_ram(
             ptt.JpegFolder(base), 32, cache_dir=os.path.join(work, f"cache-{BASE_N}"), num_workers=2
         )
-        return {"s": _median_open(lambda: ptt.cache_in_ram(ds, 32, cache_dir=where, num_workers=2))}
+        return _median_open(lambda: ptt.cache_in_ram(ds, 32, cache_dir=where, num_workers=2))
     if name == "inspect":
         ptt.inspect_shards(os.path.join(work, f"pack-{BASE_N}"))
-        report, s = time_call(lambda: ptt.inspect_shards(pack_dir))
+        report, m = _metered(lambda: ptt.inspect_shards(pack_dir))
         if report["problems"]:
             raise RuntimeError(f"inspect found problems: {report['problems'][:3]}")
-        return {"s": s}
+        return m
     raise ValueError(name)
 
 
@@ -248,6 +272,51 @@ def _human_s(x: float) -> str:
     return f"{x / 3600:.1f} h" if x >= 3600 else f"{x / 60:.1f} min" if x >= 120 else f"{x:.1f} s"
 
 
+def _slopes(vals: dict[int, float]) -> list[float]:
+    return [(vals[b] - vals[a]) / (b - a) for a, b in itertools.pairwise(sorted(vals))]
+
+
+def _cpu_table(by: dict[tuple[str, int], Any], sizes: list[int], seconds: Any) -> list[str]:
+    """CPU-seconds per stage and size, their slopes and linearity (last slope / first), beside the wall's, and
+    the disk reads at the largest size: where the wall slope grows and the CPU slope does not, the stage waited on
+    the disk (its files left the page cache), not on our per-sample work."""
+    if not any("cpu_s" in r["result"] for r in by.values()):
+        return []
+    out = [
+        "",
+        "## CPU-seconds (this process and its workers, `clock.CpuMeter`) and disk reads",
+        "",
+        (
+            "Linear: the last slope within 1.3x of the first. Wall time includes waiting for the disk once the "
+            "files no longer fit the page cache; the CPU-seconds are the per-sample work itself."
+        ),
+        "",
+        "| stage | " + " | ".join(f"CPU s at {n:,}" for n in sizes)
+        + " | CPU slope (last two) | CPU last / first slope | wall last / first slope | disk read at "
+        + f"{sizes[-1]:,} |",
+        "|---|" + "---|" * (len(sizes) + 4),
+    ]  # fmt: skip
+    for stage in (*STAGES, "cache_epoch"):
+        src, key, disk = ("cache_build", "epoch_cpu_s", "epoch_disk_read_bytes") if stage == "cache_epoch" else (
+            stage, "cpu_s", "disk_read_bytes")  # fmt: skip
+        res = {n: by[(src, n)]["result"] for n in sizes if (src, n) in by}
+        cpu = {n: r[key] for n, r in res.items() if key in r}
+        if len(cpu) < 2:
+            continue
+        wall = {n: r["epoch_s"] if stage == "cache_epoch" else seconds(src, n) for n, r in res.items()}
+        cs, ws = _slopes(cpu), _slopes(wall)
+        lin = f"{cs[-1] / cs[0]:.2f}" if len(cs) > 1 and cs[0] > 0 else "-"
+        wlin = f"{ws[-1] / ws[0]:.2f}" if len(ws) > 1 and ws[0] > 0 else "-"
+        read = res.get(sizes[-1], {}).get(disk)
+        label = "one make_loader epoch over JpegFolder (crop 32)" if stage == "cache_epoch" else LABELS[stage]
+        out.append(
+            f"| {label} | " + " | ".join(f"{cpu[n]:.2f}" if n in cpu else "-" for n in sizes)
+            + f" | {_us(cs[-1])}/sample | {lin} | {wlin} | "
+            + (f"{read / 2**20:,.0f} MiB" if read is not None else "-") + " |"
+        )  # fmt: skip
+    return out
+
+
 def report(rows: list[dict[str, Any]], dist: list[dict[str, Any]], note: str, cpu: str) -> str:
     sizes = sorted({r["n"] for r in rows if r["n"] != BASE_N})
     by = {(r["stage"], r["n"]): r for r in rows}
@@ -301,6 +370,7 @@ def report(rows: list[dict[str, Any]], dist: list[dict[str, Any]], note: str, cp
             + (f"{_us(slopes[0])}/sample" if len(slopes) > 1 else "-")
             + f" | {_human_s(proj)} |"
         )
+    out += _cpu_table(by, sizes, seconds)
     if dist:
         out += [
             "",
