@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from pytorchtricks.core import config_or_keywords
 from pytorchtricks.hardware import ISA_LIMIT_ENV, cpu_caps
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -233,8 +234,35 @@ class Comparison:
         return self.variants[name]
 
 
+@dataclass(frozen=True)
+class CompareConfig:
+    """``compare``'s options as one value: ``ptt.compare(variants, ptt.CompareConfig(rounds=7, warmup=1))`` (the
+    keywords of ``compare`` are a convenience over it; see there for what each does).
+
+    Example:
+        >>> cfg = ptt.CompareConfig(rounds=2, min_run_time_s=0.001, warmup=0)
+        >>> cmp = ptt.compare({"baseline": lambda: sum(range(100)), "fast": lambda: 4950}, cfg)
+        >>> cmp.rounds, sorted(cmp.variants)
+        (2, ['baseline', 'fast'])
+    """
+
+    baseline: str = "baseline"
+    rounds: int = 5
+    min_run_time_s: float = 0.1
+    device: torch.device | str | None = "cpu"
+    warmup: int = 2
+    num_threads: int | None = None
+    on_round: Callable[[int], None] | None = None
+    before_block: Callable[[str], None] | None = None
+    budget_s: float | None = None
+    min_rounds: int = 3
+    units_per_call: Mapping[str, int] | None = None
+    single_call: Collection[str] = ()
+
+
 def compare(
     variants: Mapping[str, Callable[[], Any]],
+    config: CompareConfig | None = None,
     *,
     baseline: str = "baseline",
     rounds: int = 5,
@@ -261,24 +289,30 @@ def compare(
     ``single_call``: variants timed by whole calls back to back for ``min_run_time_s`` (at least one), with no
     block-size estimate (a slow call, such as a training step through its loader, would pay it once more);
     with ``before_block`` they skip the warm-up calls too (their ``before_block`` warms them before every block).
+    ``config``: a ``CompareConfig`` holding these options instead of the keywords (not both).
     """
+    return _compare(variants, config_or_keywords(config, CompareConfig, locals()))
+
+
+def _compare(variants: Mapping[str, Callable[[], Any]], cfg: CompareConfig) -> Comparison:
+    baseline, device, before_block, single_call = cfg.baseline, cfg.device, cfg.before_block, cfg.single_call
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not among the variants {list(variants)}")
-    if rounds < 1:
+    if cfg.rounds < 1:
         raise ValueError("rounds must be >= 1")
     names_ = list(variants)
     for name in names_:  # warm-up: first calls pay for lazy init, allocator growth, compilation
         if name in single_call and before_block is not None:
             continue  # warmed by its own before_block, before every block
-        for _ in range(warmup):
+        for _ in range(cfg.warmup):
             variants[name]()
     sync(device)
     per_round: dict[str, list[float]] = {n: [] for n in names_}
     order_log: list[list[str]] = []
     t0 = now_s()
-    for r in range(rounds):
+    for r in range(cfg.rounds):
         spent = now_s() - t0
-        if budget_s is not None and r >= max(1, min_rounds) and spent + spent / r > budget_s:
+        if cfg.budget_s is not None and r >= max(1, cfg.min_rounds) and spent + spent / r > cfg.budget_s:
             break
         order = names_[r % len(names_) :] + names_[: r % len(names_)]
         order_log.append(order)
@@ -288,7 +322,7 @@ def compare(
             if name in single_call:  # calls back to back until the block lasts min_run_time_s (>= 1 call)
                 sync(device)
                 t_call, calls = now_s(), 0
-                while calls == 0 or now_s() - t_call < min_run_time_s:
+                while calls == 0 or now_s() - t_call < cfg.min_run_time_s:
                     variants[name]()
                     calls += 1
                 sync(device)
@@ -297,13 +331,13 @@ def compare(
                 seconds = measure(
                     variants[name],
                     device=device,
-                    min_run_time_s=min_run_time_s,
+                    min_run_time_s=cfg.min_run_time_s,
                     warmup=0,
-                    num_threads=num_threads,
+                    num_threads=cfg.num_threads,
                 ).median_s
-            per_round[name].append(seconds / max(1, (units_per_call or {}).get(name, 1)))
-        if on_round is not None:
-            on_round(r)
+            per_round[name].append(seconds / max(1, (cfg.units_per_call or {}).get(name, 1)))
+        if cfg.on_round is not None:
+            cfg.on_round(r)
     base = Stats.of(per_round[baseline])
     out: dict[str, VariantResult] = {}
     for name in names_:

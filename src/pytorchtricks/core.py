@@ -5,16 +5,19 @@ Everything here is dependency-free (torch is imported lazily by callers), so any
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 Size = Literal["smoke", "full"]
 Gain = Literal["speed", "memory", "reproducibility", "accuracy"]
 Phase = Literal["train", "infer"]
 
 SIZES: tuple[str, ...] = ("smoke", "full")
+
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -120,3 +123,62 @@ def resolve_device(device: str | Any | None) -> Any:
     if dev.type not in ("cpu", "cuda", "mps", "xpu"):
         raise PttError(f"unsupported device {device!r}; use 'cpu' or 'cuda'.")
     return dev
+
+
+def _given(value: Any, default: Any) -> bool:
+    """Whether a keyword's ``value`` differs from its ``default`` (so the caller gave it)."""
+    if value is default:
+        return False
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError, RuntimeError):  # an array's != is elementwise, no one answer: it was given
+        return True
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A config field's default; ``None`` for a required field (the verb's keyword default for it)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def config_or_keywords(config: C | None, cls: type[C], keywords: Mapping[str, Any]) -> C:
+    """A verb's options given one way: its ``config``, or a ``cls`` built from the verb's keywords - never both.
+
+    ``cls`` is the verb's frozen config dataclass; ``keywords`` maps each of its fields to the value the verb got
+    (``locals()`` at the top of the verb holds them all). A keyword that differs from the field's default counts as
+    given (for a field without a default: from ``None``, the verb's default for it); with ``config`` and any keyword
+    given, raises ``PttError`` naming them. Without ``config``, a field without a default left ``None`` is missing.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class RunConfig:
+        ...     rounds: int = 5
+        ...     device: str = "cpu"
+        >>> config_or_keywords(None, RunConfig, {"rounds": 3, "device": "cpu"})
+        RunConfig(rounds=3, device='cpu')
+        >>> config_or_keywords(RunConfig(7), RunConfig, {"rounds": 5, "device": "cpu"})
+        RunConfig(rounds=7, device='cpu')
+        >>> config_or_keywords(RunConfig(7), RunConfig, {"rounds": 3, "device": "cuda"})
+        Traceback (most recent call last):
+        ...
+        pytorchtricks.core.PttError: pass a RunConfig or keywords, not both (got device, rounds too).
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # cls is a dataclass by contract
+    defaults = {f.name: _default(f) for f in fields}
+    if config is not None:
+        if not isinstance(config, cls):
+            raise PttError(f"config must be a {cls.__name__}, not {type(config).__name__}.")
+        given = sorted(n for n, d in defaults.items() if _given(keywords[n], d))
+        if given:
+            an = "an" if cls.__name__[0] in "AEIOU" else "a"
+            raise PttError(f"pass {an} {cls.__name__} or keywords, not both (got {', '.join(given)} too).")
+        return config
+    missing = [f.name for f in fields if _required(f) and keywords[f.name] is None]
+    if missing:
+        raise PttError(f"missing {', '.join(missing)}: pass them as keywords, or pass a {cls.__name__}.")
+    return cls(**{n: keywords[n] for n in defaults})

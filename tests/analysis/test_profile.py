@@ -144,3 +144,19 @@ def test_bf16_tip_on_cuda_follows_is_bf16_supported(monkeypatch: pytest.MonkeyPa
     for supported in (False, True):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
         assert ("bf16" in prof.first_trick("compute-bound", torch.device("cuda"))[0]) is supported
+
+
+def test_config_is_the_keywords_as_one_value() -> None:
+    def run(*config: ptt.ProfileConfig, **kw: object) -> tuple[ptt.ProfileReport, int]:
+        calls = []
+        rep = ptt.profile(lambda x: calls.append(x.sum()), 3, *config, data=[torch.ones(2, 4)], **kw)
+        return rep, len(calls)
+
+    opts = {"warmup": 1, "profile_steps": 1, "hotspot_steps": 1, "top": 3, "device": "cpu"}
+    (by_kw, n_kw), (by_cfg, n_cfg) = run(**opts), run(ptt.ProfileConfig(**opts))
+    assert n_kw == n_cfg == 1 + 3 + (1 + 1) + 1  # warm-up, timed, profiler (its warm-up + active), hotspots
+    assert by_cfg.steps == by_kw.steps == 3 and sorted(by_cfg.split_s) == sorted(by_kw.split_s)
+    for rep in (by_kw, by_cfg):  # top=3 caps both tables; no trace_path, no trace
+        assert len(rep.top_ops) <= 3 and 0 < len(rep.hotspots) <= 3 and rep.trace_path is None
+    with pytest.raises(PttError, match=r"not both \(got top, warmup too\)"):
+        run(ptt.ProfileConfig(), warmup=0, top=5)

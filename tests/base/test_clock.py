@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pytorchtricks import clock as m
+from pytorchtricks.core import PttError
 
 
 def test_saved_tensor_meter_matches_closed_form_for_mlp() -> None:
@@ -202,3 +203,27 @@ def test_compare_stops_at_its_budget_after_min_rounds() -> None:
         single_call={"baseline", "b"},
     )
     assert 3 <= cmp.rounds < 50 and len(cmp.order) == cmp.rounds
+
+
+def test_compare_config_is_the_keywords_as_one_value() -> None:
+    opts = {
+        "rounds": 3,
+        "min_run_time_s": 0.001,
+        "warmup": 0,
+        "single_call": ("b",),
+        "units_per_call": {"b": 2},
+    }
+
+    def run(use_config: bool) -> tuple[m.Comparison, list[object]]:
+        seen: list[object] = []  # the hooks' calls: which block comes next, which round ended
+        variants = {"baseline": lambda: sum(range(50)), "b": lambda: 1225}
+        kw = {**opts, "on_round": seen.append, "before_block": seen.append}
+        if use_config:
+            return m.compare(variants, m.CompareConfig(**kw)), seen
+        return m.compare(variants, **kw), seen
+
+    (by_kw, seen_kw), (by_cfg, seen_cfg) = run(False), run(True)
+    assert (by_cfg.rounds, by_cfg.order, seen_cfg) == (by_kw.rounds, by_kw.order, seen_kw)
+    assert by_kw.rounds == 3 and seen_kw[:3] == ["baseline", "b", 0]  # block, block, end of round 0
+    with pytest.raises(PttError, match=r"not both \(got rounds, warmup too\)"):
+        m.compare({"baseline": lambda: None}, m.CompareConfig(), rounds=2, warmup=0)

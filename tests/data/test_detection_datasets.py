@@ -135,3 +135,42 @@ def test_coco_root_is_not_an_imagefolder(coco_root, tmp_path):
     shutil.copytree(coco_root / "annotations", tmp_path / "coco" / "annotations")
     with pytest.raises(ptt.PttError, match="COCO"):
         ptt.JpegFolder(tmp_path / "coco")
+
+
+def test_tables_are_the_keywords_as_one_value(tmp_path):
+    from PIL import Image
+
+    from pytorchtricks.core import PttError
+    from pytorchtricks.data.annotations import read_coco
+
+    (tmp_path / "img").mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        Image.new("RGB", (64, 48)).save(tmp_path / "img" / name)
+    coco = {
+        "images": [
+            {"id": i, "file_name": n, "width": 64, "height": 48} for i, n in enumerate(("a.jpg", "b.jpg"))
+        ],
+        "annotations": [
+            {"id": 1, "image_id": 0, "category_id": 3, "bbox": [4, 5, 10, 20], "iscrowd": 0, "area": 200},
+            {"id": 2, "image_id": 1, "category_id": 5, "bbox": [1, 2, 30, 40], "iscrowd": 1, "area": 1200},
+        ],
+        "categories": [{"id": 3, "name": "cat"}, {"id": 5, "name": "dog"}],
+    }
+    (tmp_path / "ann.json").write_text(json.dumps(coco))
+    fields = read_coco(tmp_path / "img", tmp_path / "ann.json")
+    by_kw = ptt.DetectionDataset(**fields)
+    by_tables = ptt.DetectionDataset(ptt.DetectionTables(**fields))
+    assert len(by_kw) == len(by_tables) == 2 and by_kw.categories == by_tables.categories == {
+        3: "cat",
+        5: "dog",
+    }
+    for i in range(2):
+        (raw_a, t_a), (raw_b, t_b) = by_kw[i], by_tables[i]
+        assert raw_a == raw_b and t_a.keys() == t_b.keys() and t_a["image_id"] == t_b["image_id"] == i
+        for k in ("boxes", "labels", "iscrowd", "area"):
+            assert t_a[k].tolist() == t_b[k].tolist(), k
+    assert by_tables[1][1]["boxes"].tolist() == [[1.0, 2.0, 31.0, 42.0]]
+    with pytest.raises(PttError, match=r"not both \(got format, root too\)"):
+        ptt.DetectionDataset(ptt.DetectionTables(**fields), root=str(tmp_path), format="coco")
+    with pytest.raises(PttError, match=r"missing image_ids, .*format"):
+        ptt.DetectionDataset(root=str(tmp_path), files=["a.jpg"])

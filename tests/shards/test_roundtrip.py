@@ -146,3 +146,27 @@ def test_dataset_holds_no_per_sample_python_objects(packs):
         if isinstance(value, list | tuple | dict | set):
             assert len(value) < len(ds), name
     assert isinstance(ds.labels, np.ndarray) and isinstance(ds._index, np.memmap)
+
+
+def test_stream_config_is_the_keywords_as_one_value(tmp_path):
+    from PIL import Image
+
+    from pytorchtricks.core import PttError
+    from pytorchtricks.shards.stream import StreamConfig
+    from pytorchtricks.shards.writer import pack
+
+    for i in range(10):
+        (tmp_path / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "src" / f"c{i % 2}" / f"{i}.png")
+    pack(tmp_path / "src", tmp_path / "p", format="tar", shard_size="1KB", workers=0)
+    opts = {"seed": 3, "decode": None, "buffer_size": 4, "rank": 1, "world_size": 2, "uneven": "drop"}
+
+    def read(s: ShardStream) -> list[tuple[bytes, int]]:
+        s.set_epoch(2)
+        return [(bytes(x), int(lab)) for x, lab, _ in s]
+
+    by_kw = read(ShardStream(tmp_path / "p", **opts))
+    by_cfg = read(ShardStream(tmp_path / "p", config=StreamConfig(**opts)))
+    assert by_cfg == by_kw and len(by_kw) == 5
+    with pytest.raises(PttError, match=r"not both \(got seed, shuffle too\)"):
+        ShardStream(tmp_path / "p", False, config=StreamConfig(**opts), seed=1)

@@ -30,11 +30,11 @@ from torch.overrides import TorchFunctionMode
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import now_s, sync
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, config_or_keywords
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.quiet import filtered_stderr
 
-__all__ = ["ProfileReport", "profile"]
+__all__ = ["ProfileConfig", "ProfileReport", "profile"]
 
 SEGMENTS = ("data", "h2d", "forward", "backward", "optimizer", "sync", "other")
 MiB = 2**20
@@ -360,9 +360,32 @@ def _hotspots(step_fn: Callable[..., Any], batches: _Batches, steps: int, top: i
     return rows[:top]
 
 
+@dataclass(frozen=True)
+class ProfileConfig:
+    """``profile``'s options as one value: ``ptt.profile(step, 10, ptt.ProfileConfig(trace_path="t.json"), data=dl)``
+    (the keywords of ``profile`` are a convenience over it; see there for what each does). The step, its step
+    count and its data stay arguments of their own: they are what is profiled.
+
+    Example:
+        >>> cfg = ptt.ProfileConfig(warmup=1, profile_steps=0, hotspot_steps=0, device="cpu")
+        >>> rep = ptt.profile(lambda x: x.sum(), 2, cfg, data=[torch.ones(4)])
+        >>> rep.steps, sorted(rep.split_s)[:2]
+        (2, ['backward', 'data'])
+    """
+
+    warmup: int = 2
+    profile_steps: int = 3
+    hotspot_steps: int = 2
+    trace_path: str | None = None
+    max_trace_bytes: int = 50 * MiB
+    top: int = 12
+    device: str | torch.device | None = None
+
+
 def profile(
     step_fn: Callable[..., Any],
     steps: int = 10,
+    config: ProfileConfig | None = None,
     *,
     data: Iterable[Any] | None = None,
     warmup: int = 2,
@@ -379,6 +402,7 @@ def profile(
     without ``data``, ``step_fn()`` takes no argument. ``steps`` timed steps follow ``warmup`` untimed ones; then
     ``profile_steps`` steps under ``torch.profiler`` (0 skips; ``trace_path`` writes a Chrome/Perfetto trace,
     gzipped or dropped beyond ``max_trace_bytes``) and ``hotspot_steps`` under cProfile (0 skips).
+    ``config``: a ``ProfileConfig`` holding these options instead of the keywords (not both).
 
     Example:
         >>> model = nn.Linear(64, 64)
@@ -391,6 +415,9 @@ def profile(
         >>> sorted(rep.split_s) == sorted(["data", "h2d", "forward", "backward", "optimizer", "sync", "other"])
         True
     """
+    cfg = config_or_keywords(config, ProfileConfig, locals())
+    warmup, profile_steps, hotspot_steps, top = cfg.warmup, cfg.profile_steps, cfg.hotspot_steps, cfg.top
+    trace_path, max_trace_bytes, device = cfg.trace_path, cfg.max_trace_bytes, cfg.device
     if not callable(step_fn):
         raise PttError(f"step_fn must be callable, got {type(step_fn).__name__}.")
     if steps < 1 or warmup < 0 or profile_steps < 0 or hotspot_steps < 0:

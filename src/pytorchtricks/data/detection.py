@@ -23,6 +23,7 @@ matches the EXIF-rotated size (the annotations were then made on the rotated ima
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -31,18 +32,54 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, config_or_keywords
 from pytorchtricks.data.annotations import AnnotationError, header_bytes, read_coco, read_voc, read_yolo
 from pytorchtricks.shards.jpeg import image_size
 
-__all__ = ["AnnotationError", "DetectionDataset", "detection_layout", "open_detection"]
+__all__ = ["AnnotationError", "DetectionDataset", "DetectionTables", "detection_layout", "open_detection"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: arrays compare elementwise, tables by identity
+class DetectionTables:
+    """What a ``DetectionDataset`` holds, as one value: the flat annotation tables a reader builds
+    (``data.annotations.read_coco`` / ``read_yolo`` / ``read_voc`` return these fields). Not options - the data -
+    so every field is required: ``ptt.DetectionDataset(tables)``, or the same fields as keywords.
+
+    ``files``: image paths relative to ``root``; ``sizes`` int64 [N, 2] (height, width; 0 when unknown, YOLO);
+    ``boxes`` float32 [K, 4] XYXY (pixels; YOLO's normalised until the size is read); ``labels``, ``iscrowd``
+    int64 [K]; ``area`` float32 [K]; image i's boxes are rows ``offsets[i]:offsets[i + 1]``; ``segmentation``:
+    image index -> its boxes' polygons as JSON; ``rejects``: what ``on_error="skip"`` left out.
+
+    Example:
+        >>> t = ptt.DetectionTables(root="/data", files=["a.jpg"], image_ids=np.array([7]),
+        ...     sizes=np.array([[48, 64]]), boxes=np.array([[4, 5, 14, 25]], np.float32), labels=np.array([3]),
+        ...     iscrowd=np.array([0]), area=np.array([200], np.float32), offsets=np.array([0, 1]),
+        ...     categories={3: "cat"}, segmentation={}, rejects=[], format="coco")
+        >>> ds = ptt.DetectionDataset(t); len(ds), ds.target(0)["boxes"].tolist(), ds.file(0)
+        (1, [[4.0, 5.0, 14.0, 25.0]], 'a.jpg')
+    """
+
+    root: str
+    files: list[str]
+    image_ids: np.ndarray
+    sizes: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+    iscrowd: np.ndarray
+    area: np.ndarray
+    offsets: np.ndarray
+    categories: dict[int, str]
+    segmentation: dict[int, str]
+    rejects: list[dict[str, Any]]
+    format: str
 
 
 class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Images and their boxes: ``ds[i]`` is ``(encoded bytes, target)`` (see the module docstring).
 
     Build with ``open_detection(root)`` or ``DetectionDataset.from_coco / from_yolo / from_voc``. Annotations live
-    in flat numpy arrays (no per-image Python objects: DataLoader workers do not grow by copy-on-write).
+    in flat numpy arrays (no per-image Python objects: DataLoader workers do not grow by copy-on-write): a
+    ``DetectionTables``, given as one value or as its fields as keywords (not both).
     ``rejects``: what ``on_error="skip"`` left out, each ``{"file", "annotation", "image", "reason"}``.
 
     Example:
@@ -62,28 +99,33 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        root: str,
-        files: list[str],
-        image_ids: np.ndarray,
-        sizes: np.ndarray,
-        boxes: np.ndarray,
-        labels: np.ndarray,
-        iscrowd: np.ndarray,
-        area: np.ndarray,
-        offsets: np.ndarray,
-        categories: dict[int, str],
-        segmentation: dict[int, str],
-        rejects: list[dict[str, Any]],
-        format: str,
+        tables: DetectionTables | None = None,
+        *,
+        root: str | None = None,
+        files: list[str] | None = None,
+        image_ids: np.ndarray | None = None,
+        sizes: np.ndarray | None = None,
+        boxes: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        iscrowd: np.ndarray | None = None,
+        area: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+        categories: dict[int, str] | None = None,
+        segmentation: dict[int, str] | None = None,
+        rejects: list[dict[str, Any]] | None = None,
+        format: str | None = None,
     ) -> None:
-        self.root, self.format, self.categories, self.rejects = root, format, dict(categories), rejects
+        t = config_or_keywords(tables, DetectionTables, locals())  # the tables, or all of them as keywords
+        self.root, self.format = t.root, t.format
+        self.categories, self.rejects = dict(t.categories), t.rejects
         # file names as one bytes blob + offsets: a list of 10M str would be 10M refcounted objects
-        enc = [f.encode() for f in files]
+        enc = [f.encode() for f in t.files]
         self._names = np.frombuffer(b"".join(enc), np.uint8) if enc else np.zeros(0, np.uint8)
         self._name_off = np.zeros(len(enc) + 1, np.int64)
         np.cumsum([len(e) for e in enc], out=self._name_off[1:])
-        self.image_ids, self.sizes, self.boxes, self.labels = image_ids, sizes, boxes, labels
-        self.iscrowd, self.area, self.offsets, self.segmentation = iscrowd, area, offsets, segmentation
+        self.image_ids, self.sizes, self.boxes, self.labels = t.image_ids, t.sizes, t.boxes, t.labels
+        self.iscrowd, self.area = t.iscrowd, t.area
+        self.offsets, self.segmentation = t.offsets, t.segmentation
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -152,7 +194,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         cls, images: str | os.PathLike[str], annotations: str | os.PathLike[str], *, on_error: str = "raise"
     ) -> DetectionDataset:
         """COCO instances JSON ``annotations`` over the image folder ``images`` (pycocotools' format)."""
-        return cls(**read_coco(images, annotations, on_error=on_error))
+        return cls(DetectionTables(**read_coco(images, annotations, on_error=on_error)))
 
     @classmethod
     def from_yolo(
@@ -161,7 +203,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         """``root/images[/split]/x.jpg`` with ``root/labels[/split]/x.txt`` lines ``class cx cy w h`` (normalised);
         class names from ``root/classes.txt`` or ``names:`` in ``root/data.yaml``. An image without a label file
         has no boxes."""
-        return cls(**read_yolo(root, split=split, on_error=on_error))
+        return cls(DetectionTables(**read_yolo(root, split=split, on_error=on_error)))
 
     @classmethod
     def from_voc(
@@ -174,7 +216,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     ) -> DetectionDataset:
         """``root/Annotations/*.xml`` over ``root/JPEGImages/``; ``split`` reads ``ImageSets/Main/<split>.txt``.
         Labels index ``classes`` (default: the sorted names found); ``difficult`` objects are kept as boxes."""
-        return cls(**read_voc(root, split=split, classes=classes, on_error=on_error))
+        return cls(DetectionTables(**read_voc(root, split=split, classes=classes, on_error=on_error)))
 
 
 def _size_mismatch(raw: bytes, hw: tuple[int, int], want: tuple[int, ...]) -> str:

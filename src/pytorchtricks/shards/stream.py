@@ -14,6 +14,7 @@ and decodes only its own samples); ptt shards are read by offset. Shards at a UR
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import warnings
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, config_or_keywords
 from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
 from pytorchtricks.shards.dataset import Decode, check_on_error, make_decoder
@@ -117,6 +118,37 @@ def remaining_positions(n: int, history: list[tuple[int, int]], split: str, unev
     return rem
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """``ShardStream``'s options as one value: ``ptt.ShardStream(url, config=ptt.StreamConfig(seed=3, rank=r))`` (the
+    keywords of ``ShardStream`` are a convenience over it; see there for what each does).
+
+    Example:
+        >>> import tempfile, os; from PIL import Image
+        >>> src = tempfile.mkdtemp(); os.makedirs(f"{src}/a")
+        >>> for i in range(4): Image.new("RGB", (8, 8), (i, 0, 0)).save(f"{src}/a/{i}.png")
+        >>> dst = tempfile.mkdtemp() + "/p"; _ = ptt.pack(src, dst, format="tar", workers=0)
+        >>> half = ptt.StreamConfig(seed=1, decode=None, rank=0, world_size=2)
+        >>> len(list(ptt.ShardStream(dst, config=half)))
+        2
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    decode: Decode = "auto"
+    transform: Callable[[Any], Any] | None = None
+    buffer_size: int = 1000
+    batch_size: int = 1
+    rank: int | None = None
+    world_size: int | None = None
+    on_error: str = "raise"
+    split: str = "blocked"
+    uneven: str = "pad"
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
+    prefetch: int = 2
+
+
 class ShardStream(torch.utils.data.IterableDataset):
     """Iterate a packed dataset (ptt or tar, a folder or a URL) as ``(image, label, extras)``, each sample once.
 
@@ -138,6 +170,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         split: ``"blocked"`` (default) or ``"interleaved"``. uneven: ``"pad"`` (default) or ``"drop"``.
         cache_dir, cache_limit, prefetch: for URLs, the node-shared cache (``shards.cache``), its bound in bytes
             (``"20GB"``; None: unbounded) and how many shards ahead each reader downloads.
+        config: a ``StreamConfig`` holding these options instead of the arguments (not both).
 
     Example:
         >>> import tempfile, os; from PIL import Image
@@ -155,6 +188,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         seed: int = 0,
         decode: Decode = "auto",
         transform: Callable[[Any], Any] | None = None,
+        config: StreamConfig | None = None,
         *,
         buffer_size: int = 1000,
         batch_size: int = 1,
@@ -168,19 +202,21 @@ class ShardStream(torch.utils.data.IterableDataset):
         prefetch: int = 2,
     ) -> None:
         super().__init__()
-        self.shuffle, self.seed = bool(shuffle), int(seed)
-        self.decode, self.transform = decode, transform
-        self._decode = make_decoder(decode)
-        self.on_error = check_on_error(on_error)
-        if buffer_size < 1 or batch_size < 1:
+        cfg = config_or_keywords(config, StreamConfig, locals())
+        self.shuffle, self.seed = bool(cfg.shuffle), int(cfg.seed)
+        self.decode, self.transform = cfg.decode, cfg.transform
+        self._decode = make_decoder(cfg.decode)
+        self.on_error = check_on_error(cfg.on_error)
+        if cfg.buffer_size < 1 or cfg.batch_size < 1:
             raise PttError("buffer_size and batch_size must be >= 1.")
-        if split not in SPLITS or uneven not in UNEVEN:
+        if cfg.split not in SPLITS or cfg.uneven not in UNEVEN:
             raise PttError(
-                f"split must be one of {SPLITS} and uneven one of {UNEVEN}; got {split!r}, {uneven!r}."
+                f"split must be one of {SPLITS} and uneven one of {UNEVEN}; got {cfg.split!r}, {cfg.uneven!r}."
             )
-        self.buffer_size, self.batch_size = int(buffer_size), int(batch_size)
-        self.split, self.uneven, self.prefetch = split, uneven, int(prefetch)
-        self._rank, self._world = rank, world_size
+        self.buffer_size, self.batch_size = int(cfg.buffer_size), int(cfg.batch_size)
+        self.split, self.uneven, self.prefetch = cfg.split, cfg.uneven, int(cfg.prefetch)
+        self._rank, self._world = cfg.rank, cfg.world_size
+        cache_dir, cache_limit = cfg.cache_dir, cfg.cache_limit
         self.epoch = 0
         self._resume: tuple[int, list[tuple[int, int]]] | None = None  # (epoch, earlier stages)
         self._consumed = 0

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import NoEffectWarning, PttError
+from pytorchtricks.core import NoEffectWarning, PttError, config_or_keywords
 from pytorchtricks.shards import layout
 from pytorchtricks.shards._pool import WorkerDied, ordered_map
 from pytorchtricks.shards.layout import parse_bytes
@@ -178,13 +178,9 @@ def pack(
         >>> ptt.pack(src, tempfile.mkdtemp() + "/out", workers=0)["count"]
         1
     """
-    if config is not None:  # the config's values, unless keywords were given too
-        args = locals()  # before any comprehension: its own scope on Python 3.11
-        given = {f.name for f in dataclasses.fields(PackConfig) if args[f.name] != f.default}
-        if given:
-            raise PttError(f"pass a PackConfig or keywords, not both (got {', '.join(sorted(given))} too).")
-        (format, resize, max_side, quality, raw, shard_size, workers, shuffle, seed, strict, verify, progress,
-         max_pixels, distributed, staging_dir) = (getattr(config, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
+    cfg = config_or_keywords(config, PackConfig, locals())  # the config's values, or the keywords'
+    (format, resize, max_side, quality, raw, shard_size, workers, shuffle, seed, strict, verify, progress,
+     max_pixels, distributed, staging_dir) = (getattr(cfg, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
     if format not in FORMATS:
         raise PttError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}.")
     if raw and quality is not None:

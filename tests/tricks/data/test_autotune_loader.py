@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytorchtricks.core import NoEffectWarning, PttError
-from pytorchtricks.tricks.data.autotune_loader import autotune_loader
-from pytorchtricks.tricks.data.cache_in_ram import CachedDataset
+from pytorchtricks.tricks.data.autotune_loader import AutotuneConfig, autotune_loader
+from pytorchtricks.tricks.data.cache_in_ram import CacheConfig, CachedDataset
 from pytorchtricks.tricks.data.make_loader import _photo_bytes
 
 
@@ -88,3 +88,24 @@ def test_worker_counts_come_before_other_prefetch_factors(jpegs):
     )
     order = [(row["num_workers"], row["prefetch_factor"]) for row in r.table]
     assert order[:3] == [(0, None), (1, 2), (2, 2)]
+
+
+@pytest.mark.filterwarnings(
+    "ignore::pytorchtricks.core.NoEffectWarning", "ignore::pytorchtricks.core.PttWarning"
+)
+def test_config_is_the_keywords_as_one_value(jpegs, tmp_path):
+    opts = {"crop": 32, "workers": (0,), "prefetch_factors": (2,), "pin_memory": (False,), "batches": 1}
+    cache = {"cache_dir": str(tmp_path), "num_workers": 0}
+    by_kw = autotune_loader(jpegs, 8, **opts, cache=(True,), cache_size=40, **cache)
+    cfg = AutotuneConfig(**opts, cache=(True,), cache_size=40, cache_config=CacheConfig(**cache))
+    by_cfg = autotune_loader(jpegs, 8, cfg)
+    best = {"crop": 32, "num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    assert by_cfg.best == by_kw.best == best
+    assert by_cfg.cache and by_kw.cache and by_cfg.dataset.path == by_kw.dataset.path  # one arena
+    assert [sorted(r) for r in by_cfg.table] == [sorted(r) for r in by_kw.table]
+    with pytest.raises(PttError, match=r"not both \(got batches, crop too\)"):
+        autotune_loader(jpegs, 8, cfg, crop=64, batches=2)
+    with pytest.raises(PttError, match=r"cache_in_ram's options \(cache_dir\)"):
+        autotune_loader(jpegs, 8, cfg, cache_dir=str(tmp_path))
+    with pytest.raises(PttError, match="unknown keywords"):
+        autotune_loader(jpegs, 8, cache=(False,), cache_dri=str(tmp_path))

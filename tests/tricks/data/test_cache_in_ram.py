@@ -202,3 +202,17 @@ def test_default_cache_dir_is_dev_shm(monkeypatch, tmp_path):
     monkeypatch.setattr(arena, "DEFAULT_DIR", str(tmp_path))  # never touch the real /dev/shm from a test
     cache_in_ram([(torch.zeros(3, 4, 4, dtype=torch.uint8), 0)], None, cache_dir=str(tmp_path), num_workers=0)
     assert [x.images for x in list_arenas()] == [1]
+
+
+def test_config_is_the_keywords_as_one_value(jpegs, tmp_path):
+    by_kw = cache_in_ram(jpegs, 24, cache_dir=str(tmp_path / "kw"), num_workers=0, sample=4, verify="full")
+    cfg = ptt.CacheConfig(cache_dir=str(tmp_path / "cfg"), num_workers=0, sample=4, verify="full")
+    by_cfg = cache_in_ram(jpegs, 24, cfg)
+    assert by_cfg.path.startswith(str(tmp_path / "cfg")) and len(by_cfg) == len(by_kw) == 12
+    assert os.path.basename(by_cfg.path) == os.path.basename(by_kw.path)  # the same content key
+    for i in range(12):
+        a, b = by_kw.read_raw(i), by_cfg.read_raw(i)
+        np.testing.assert_array_equal(a[0], b[0])
+        assert a[1] == b[1] == i
+    with pytest.raises(PttError, match=r"not both \(got num_workers, strict too\)"):
+        cache_in_ram(jpegs, 24, cfg, num_workers=1, strict=True)

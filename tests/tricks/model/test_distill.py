@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,3 +45,17 @@ def test_misuse() -> None:
         ptt.distillation_loss(s, s, alpha=2)
     with pytest.raises(PttError, match="differ"):
         ptt.distillation_loss(s, torch.randn(2, 4))
+
+
+def test_config_is_the_keywords_as_one_value() -> None:
+    torch.manual_seed(0)
+    teacher, student = nn.Linear(8, 4), nn.Linear(8, 4)
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    opts = {"epochs": 2.0, "lr": 0.1, "batch_size": 16, "T": 2.0, "alpha": 0.5, "seed": 3}
+    by_kw = ptt.distill_(copy.deepcopy(student), teacher, x, y, **opts)
+    by_cfg = ptt.distill_(copy.deepcopy(student), teacher, x, y, ptt.DistillConfig(**opts))
+    for a, b in zip(by_kw.parameters(), by_cfg.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(by_kw.weight, student.weight)  # it trained
+    with pytest.raises(PttError, match=r"not both \(got T, epochs too\)"):
+        ptt.distill_(student, teacher, x, y, ptt.DistillConfig(), epochs=3, T=1.0)

@@ -22,17 +22,20 @@ import itertools
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pytorchtricks.clock import Deadline, now_s
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, config_or_keywords
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
-__all__ = ["autotune_loader"]
+if TYPE_CHECKING:
+    from pytorchtricks.tricks.data.cache_in_ram import CacheConfig
+
+__all__ = ["AutotuneConfig", "autotune_loader"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=True)
 
@@ -140,9 +143,56 @@ def _time_setting(
     return n / seconds if seconds > 0 and n else 0.0
 
 
+@dataclass(frozen=True)
+class AutotuneConfig:
+    """``autotune_loader``'s options as one value: ``ptt.autotune_loader(ds, 64, ptt.AutotuneConfig(budget_s=30))``
+    (the keywords of ``autotune_loader`` are a convenience over it; see there for what each does).
+    ``cache_config``: ``cache_in_ram``'s options when the RAM cache is tried (its keywords, as a ``CacheConfig``).
+
+    Example:
+        >>> ds = [(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8), 0) for _ in range(40)]
+        >>> cfg = ptt.AutotuneConfig(crop=32, workers=(0, 1), prefetch_factors=(2,), cache=(False,), batches=2)
+        >>> [row["num_workers"] for row in ptt.autotune_loader(ds, 8, cfg).table]
+        [0, 1]
+    """
+
+    crop: int | None = 224
+    workers: tuple[int, ...] | None = None
+    prefetch_factors: tuple[int, ...] = (2, 4)
+    pin_memory: tuple[bool, ...] | None = None
+    cache: tuple[bool, ...] = (False, True)
+    cache_size: int = 256
+    budget_s: float = 60.0
+    batches: int = 4
+    step: Step | None = None
+    cache_config: CacheConfig | None = None
+
+
+def _cache_config(config: AutotuneConfig | None, cache_kwargs: dict[str, Any]) -> CacheConfig | None:
+    """``cache_in_ram``'s keywords given to ``autotune_loader`` as a ``CacheConfig`` (None: none given)."""
+    if not cache_kwargs:
+        return None
+    if config is not None:
+        raise PttError(
+            f"with an AutotuneConfig, cache_in_ram's options ({', '.join(sorted(cache_kwargs))}) go in it: "
+            "AutotuneConfig(cache_config=ptt.CacheConfig(...)), not as keywords."
+        )
+    from pytorchtricks.tricks.data.cache_in_ram import CacheConfig
+
+    try:
+        return CacheConfig(**cache_kwargs)
+    except TypeError:
+        names = ", ".join(f.name for f in fields(CacheConfig))
+        raise PttError(
+            f"autotune_loader got unknown keywords {sorted(cache_kwargs)}: besides its own it takes "
+            f"cache_in_ram's ({names})."
+        ) from None
+
+
 def autotune_loader(
     dataset: Any,
     batch_size: int,
+    config: AutotuneConfig | None = None,
     *,
     crop: int | None = 224,
     workers: tuple[int, ...] | None = None,
@@ -159,6 +209,8 @@ def autotune_loader(
 
     ``step(x, y)``, when given, is called on every batch in this process (your training step): the rate is then
     that of the loop, loader and step together, and the winner is the setting your job runs fastest with.
+    Other keywords are ``cache_in_ram``'s, for the cached settings. ``config``: an ``AutotuneConfig`` holding
+    these options instead of the keywords (not both).
 
     Example:
         >>> ds = [(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8), 0) for _ in range(40)]
@@ -166,6 +218,13 @@ def autotune_loader(
         >>> sorted(r.best), len(r.table) >= 1
         (['crop', 'num_workers', 'pin_memory', 'prefetch_factor'], True)
     """
+    keywords = {**locals(), "cache_config": _cache_config(config, cache_kwargs)}
+    return _autotune(dataset, batch_size, config_or_keywords(config, AutotuneConfig, keywords))
+
+
+def _autotune(dataset: Any, batch_size: int, cfg: AutotuneConfig) -> AutotuneResult:
+    crop, cache, step = cfg.crop, cfg.cache, cfg.step
+    prefetch_factors, batches = cfg.prefetch_factors, cfg.batches
     if batch_size < 1 or batches < 1:
         raise PttError("batch_size and batches must be >= 1.")
     if len(dataset) < batch_size * (batches + 1):
@@ -173,9 +232,9 @@ def autotune_loader(
             f"need at least {batch_size * (batches + 1)} samples to time {batches} batches + warm-up."
         )
     cores = len(os.sched_getaffinity(0))
-    workers = workers or tuple(sorted({0, max(1, cores // 2), cores, 2 * cores}))
-    pins = pin_memory or ((False, True) if torch.cuda.is_available() else (False,))
-    deadline = Deadline(budget_s)
+    workers = cfg.workers or tuple(sorted({0, max(1, cores // 2), cores, 2 * cores}))
+    pins = cfg.pin_memory or ((False, True) if torch.cuda.is_available() else (False,))
+    deadline = Deadline(cfg.budget_s)
     table: list[dict[str, Any]] = []
     cached: Any = None
     build_s: float | None = None
@@ -189,7 +248,7 @@ def autotune_loader(
             t0 = now_s()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                cached = cache_in_ram(dataset, cache_size, **cache_kwargs)
+                cached = cache_in_ram(dataset, cfg.cache_size, cfg.cache_config)
             build_s = now_s() - t0
             if not isinstance(cached, CachedDataset):
                 table.append({"cache": True, "skipped": str(caught[-1].message) if caught else "refused"})
@@ -207,7 +266,7 @@ def autotune_loader(
     timed = [r for r in table if "images_per_s" in r]
     if len(timed) < 2:
         warnings.warn(
-            "autotune_loader measured one setting only: nothing was compared.", NoEffectWarning, stacklevel=2
+            "autotune_loader measured one setting only: nothing was compared.", NoEffectWarning, stacklevel=3
         )
     best_row = max(timed, key=lambda r: r["images_per_s"])
     best = {k: best_row[k] for k in ("crop", "num_workers", "prefetch_factor", "pin_memory")}

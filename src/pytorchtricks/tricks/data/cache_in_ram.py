@@ -19,6 +19,7 @@ See also: make_loader, dataset_on_device; 借助内存 / YOLOv5 --cache ram.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_or_keywords
 from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.data.images import is_encoded, read_item, resize_hwc, to_hwc
 from pytorchtricks.shards.jpeg import decode_image, image_size
@@ -54,7 +55,7 @@ from pytorchtricks.tricks.data._arena import (
 )
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
-__all__ = ["cache_in_ram", "list_arenas", "remove_arenas"]
+__all__ = ["CacheConfig", "cache_in_ram", "list_arenas", "remove_arenas"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train", "infer"), exact=False)
 
@@ -370,9 +371,34 @@ class _DecodeBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return pixels, shapes, torch.tensor(labels, dtype=torch.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """``cache_in_ram``'s options as one value: ``ptt.cache_in_ram(ds, 256, ptt.CacheConfig(cache_dir="/scratch"))``
+    (the keywords of ``cache_in_ram`` are a convenience over it; see there for what each does). The short side
+    ``size`` stays an argument of its own: it names the arena, like the data.
+
+    Example:
+        >>> import tempfile
+        >>> ds = [(torch.full((3, 8, 12), i, dtype=torch.uint8), i) for i in range(5)]
+        >>> cfg = ptt.CacheConfig(cache_dir=tempfile.mkdtemp(), num_workers=0)
+        >>> ptt.cache_in_ram(ds, 4, cfg).read_raw(3)[0].shape
+        (4, 6, 3)
+    """
+
+    budget: int | None = None
+    cache_dir: str | None = None
+    key: str | None = None
+    num_workers: int | None = None
+    sample: int = 32
+    strict: bool = False
+    wait_s: float = 3600.0
+    verify: Verify = "auto"
+
+
 def cache_in_ram(
     dataset: Any,
     size: int | None = 256,
+    config: CacheConfig | None = None,
     *,
     budget: int | None = None,
     cache_dir: str | None = None,
@@ -397,6 +423,7 @@ def cache_in_ram(
     to 2 GiB and a sample above, "full" always, "sample" never all); one that fails them is rebuilt, with a
     ``PttWarning`` saying why. One process per node builds, holding a lock; the others (any local rank) wait up to
     ``wait_s`` for it, and if it dies take over within ``POLL_S`` and rebuild, deleting its leftovers.
+    ``config``: a ``CacheConfig`` holding these options instead of the keywords (not both).
 
     Example:
         >>> import tempfile
@@ -405,6 +432,9 @@ def cache_in_ram(
         >>> c.read_raw(3)[0].shape, int(c.read_raw(3)[0][0, 0, 0]), len(c)
         ((4, 6, 3), 3, 5)
     """
+    cfg = config_or_keywords(config, CacheConfig, locals())
+    budget, cache_dir, key, num_workers = cfg.budget, cfg.cache_dir, cfg.key, cfg.num_workers
+    sample, strict, wait_s, verify = cfg.sample, cfg.strict, cfg.wait_s, cfg.verify
     if isinstance(dataset, CachedDataset):
         warnings.warn("dataset is already cached; nothing to do.", NoEffectWarning, stacklevel=2)
         return dataset

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo
+from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
 from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker
 from pytorchtricks.data.images import SampleMaker, resize_hwc, rrc_box, sample_rng
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
@@ -319,15 +319,10 @@ def make_loader(
         >>> [tuple(x.shape) for x, _ in val], [y.tolist() for _, y in val][-1], val.dropped_per_epoch
         ([(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)], [0, 1], 0)
     """
-    if config is not None:  # the config's values, unless keywords were given too
-        args = locals()  # before any comprehension: its own scope on Python 3.11
-        # a keyword left at its default is not "given"
-        given = {f.name for f in dataclasses.fields(LoaderConfig) if args[f.name] != f.default}
-        if given:
-            raise PttError(f"pass a LoaderConfig or keywords, not both (got {', '.join(sorted(given))} too).")
-        (mode, crop, resize, scale, ratio, flip, shuffle, drop_last, num_workers, device, pin_memory,
-         persistent_workers, prefetch_factor, seed, rank, world_size, backend, scaled_decode, cache_dir,
-         cache_limit) = (getattr(config, f.name) for f in dataclasses.fields(LoaderConfig))  # fmt: skip
+    cfg = config_or_keywords(config, LoaderConfig, locals())  # the config's values, or the keywords'
+    (mode, crop, resize, scale, ratio, flip, shuffle, drop_last, num_workers, device, pin_memory,
+     persistent_workers, prefetch_factor, seed, rank, world_size, backend, scaled_decode, cache_dir,
+     cache_limit) = (getattr(cfg, f.name) for f in dataclasses.fields(LoaderConfig))  # fmt: skip
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     train = mode == "train"

@@ -11,14 +11,15 @@ See also: prune_channels, quantize_lowbit, quantize, 训练策略 / 知识蒸馏
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_or_keywords
 
-__all__ = ["distillation_loss", "distill_"]
+__all__ = ["DistillConfig", "distillation_loss", "distill_"]
 
 TRICK = TrickInfo(gains=("accuracy",), phase=("train",), exact=False)
 
@@ -58,11 +59,36 @@ def distillation_loss(
     return alpha * soft + (1.0 - alpha) * F.cross_entropy(student_logits, labels)
 
 
+@dataclass(frozen=True)
+class DistillConfig:
+    """``distill_``'s options as one value: ``ptt.distill_(student, teacher, x, y, ptt.DistillConfig(epochs=3))``
+    (the keywords of ``distill_`` are a convenience over it; see there for what each does).
+
+    ``epochs`` may be fractional; ``lr`` peaks the one-cycle schedule; ``T`` and ``alpha`` are
+    ``distillation_loss``'s; ``after_backward(student)`` runs after every backward (e.g. a slimming penalty).
+
+    Example:
+        >>> cfg = ptt.DistillConfig(epochs=0.5, lr=0.01, batch_size=4, T=2.0)
+        >>> x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+        >>> ptt.distill_(nn.Linear(6, 3), nn.Linear(6, 3), x, y, cfg).training
+        False
+    """
+
+    epochs: float = 1.0
+    lr: float = 0.05
+    batch_size: int = 256
+    T: float = 4.0
+    alpha: float = 0.9
+    seed: int = 0
+    after_backward: Callable[[nn.Module], None] | None = None
+
+
 def distill_(
     student: nn.Module,
     teacher: nn.Module,
     images: torch.Tensor,
     labels: torch.Tensor,
+    config: DistillConfig | None = None,
     *,
     epochs: float = 1.0,
     lr: float = 0.05,
@@ -75,7 +101,9 @@ def distill_(
     """Fine-tune ``student`` in place from ``teacher`` on in-memory ``(images, labels)``; returns it in eval mode.
 
     SGD with momentum and a one-cycle schedule (``bench.fashion_mnist.train``); the teacher is frozen in eval mode.
+    ``config``: a ``DistillConfig`` holding these options instead of the keywords (not both).
     """
+    cfg = config_or_keywords(config, DistillConfig, locals())
     from pytorchtricks.fashion_mnist import train
 
     teacher.eval()
@@ -85,18 +113,18 @@ def distill_(
     def loss_fn(logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             t = teacher(x)
-        return distillation_loss(logits, t, y, T=T, alpha=alpha)
+        return distillation_loss(logits, t, y, T=cfg.T, alpha=cfg.alpha)
 
     return train(
         student,
         images,
         labels,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
         loss_fn=loss_fn,
-        after_backward=after_backward,
+        after_backward=cfg.after_backward,
     )
 
 
