@@ -12,6 +12,22 @@ from torch import nn
 from pytorchtricks.core import BenchCase
 
 
+def small_cnn_pair(
+    treat: Callable[[nn.Module], nn.Module], size: str, device: str
+) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    """(``small_cnn`` seeded, ``treat`` of a copy of it, a random batch) at the bench size ``size``: "smoke" is
+    batch 16 at 32 px, otherwise batch 64 at 64 px - the shared start of the small-CNN bench cases."""
+    import copy
+
+    from pytorchtricks.fixtures import small_cnn
+
+    batch, px = (16, 32) if size == "smoke" else (64, 64)
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    base = small_cnn(in_channels=3, width=32).to(dev)
+    return base, treat(copy.deepcopy(base)), torch.randn(batch, 3, px, px, device=dev)
+
+
 def train_step_case(
     base: nn.Module,
     treated: nn.Module,

@@ -12,17 +12,14 @@ See also: fast_optimizer, 节省显存 / 冻结部分层.
 
 from __future__ import annotations
 
-import copy
 import types
 import warnings
 from collections.abc import Iterable
 
-import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo
-from pytorchtricks.fixtures import small_cnn
-from pytorchtricks.tricks._cases import train_step_case
+from pytorchtricks.tricks._cases import small_cnn_pair, train_step_case
 
 __all__ = ["freeze_", "unfreeze_"]
 
@@ -91,15 +88,12 @@ def unfreeze_(model: nn.Module) -> nn.Module:
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Fine-tuning step of a CNN: everything trainable vs backbone frozen (head trainable)."""
-    batch, px = (16, 32) if size == "smoke" else (64, 64)
-    dev = torch.device(device)
-    torch.manual_seed(0)
-    base = small_cnn(in_channels=3, width=32).to(dev)
-    treated = freeze_(copy.deepcopy(base), keep=["11"])  # the head: small_cnn's last Linear
-    x = torch.randn(batch, 3, px, px, device=dev)
+    base, treated, x = small_cnn_pair(
+        lambda m: freeze_(m, keep=["11"]), size, device
+    )  # the head: last Linear
     return train_step_case(
         base,
         treated,
         x,
-        description=f"3-conv CNN train step, batch {batch}, {px}px: all trainable vs frozen backbone",
+        description=f"3-conv CNN train step, batch {len(x)}, {x.shape[-1]}px: all trainable vs frozen backbone",
     )

@@ -12,14 +12,13 @@ See also: mixed_precision, compile_, 代码层面 / channels_last.
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
 from torch import nn
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, TrickInfo
-from pytorchtricks.fixtures import small_cnn
+from pytorchtricks.tricks._cases import small_cnn_pair
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup
 
 __all__ = ["to_channels_last_"]
@@ -95,12 +94,8 @@ def to_channels_last_(model: nn.Module) -> nn.Module:
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Forward+backward of a small Conv-BN-ReLU stack (``small_cnn``), NCHW vs channels-last weights and inputs."""
-    batch, px = (16, 32) if size == "smoke" else (64, 64)
-    dev = torch.device(device)
-    torch.manual_seed(0)
-    base = small_cnn(in_channels=3, width=32).to(dev)
-    treated = to_channels_last_(copy.deepcopy(base))
-    x = torch.randn(batch, 3, px, px, device=dev)
+    base, treated, x = small_cnn_pair(to_channels_last_, size, device)
+    batch, px = len(x), x.shape[-1]
     x_cl = x.contiguous(memory_format=torch.channels_last)
 
     def step(m: nn.Module, inp: torch.Tensor) -> torch.Tensor:
@@ -114,6 +109,6 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
         treated=lambda: step(treated, x_cl),
         items_per_call=batch,
         unit="images",
-        device=str(dev),
+        device=str(x.device),
         description=f"3-conv CNN forward+backward, batch {batch}, {px}px",
     )
