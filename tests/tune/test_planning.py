@@ -70,16 +70,17 @@ def test_one_time_builds_say_what_they_leave_and_a_sweep_over_a_cache_is_its_own
     arena = None
     try:
         prepare_all(w, ("pack",))
-        assert any("tune-pack-" in n and "rm -r" in n for n in w.notes)  # where it stays and how to remove it
+        # where it stays and how to remove it
+        assert any("tune-pack-" in n and "rm -r" in n for n in w.run.notes)
         prepare_all(w, ("cache_in_ram", "autotune_loader"))
-        arena = w.prepared["cache_in_ram"]
-        assert any(arena.path in n for n in w.notes)  # the arena in /dev/shm, said with its size
+        arena = w.run.prepared["cache_in_ram"]
+        assert any(arena.path in n for n in w.run.notes)  # the arena in /dev/shm, said with its size
         # the sweep over the cache is another sweep than the one over the files, timed with the step beside
-        assert "autotune_loader on cache_in_ram" in w.prepared and "autotune_loader" not in w.prepared
+        assert "autotune_loader on cache_in_ram" in w.run.prepared and "autotune_loader" not in w.run.prepared
         assert any(
-            n.startswith("autotune_loader on cache_in_ram: swept with the training step") for n in w.notes
+            n.startswith("autotune_loader on cache_in_ram: swept with the training step") for n in w.run.notes
         )
-        assert {"num_workers", "pin_memory"} <= set(w.prepared["autotune_loader on cache_in_ram"])
+        assert {"num_workers", "pin_memory"} <= set(w.run.prepared["autotune_loader on cache_in_ram"])
     finally:
         if arena is not None:
             remove_arenas([arena.path])
@@ -104,7 +105,7 @@ def test_dataset_on_device_skips_on_cpu_and_its_configuration_is_checked_and_run
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path / "cache"))
     w = build_workload(f"{models_file}:tiny", jpeg_folder, batch_size=4, input_size=16)
     prepare_all(w, ("dataset_on_device",))
-    state = w.prepared["dataset_on_device"]
+    state = w.run.prepared["dataset_on_device"]
     n = len(w.dataset)
     assert (
         state["images"].shape == (n, 3, state["side"], state["side"]) and state["images"].dtype == torch.uint8

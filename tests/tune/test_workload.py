@@ -60,6 +60,46 @@ def test_workload_from_file_factory(models_file, jpeg_folder):
     torch.testing.assert_close(m1.state_dict(), m2.state_dict())  # same initial weights every time
 
 
+def test_workload_is_frozen_and_each_run_writes_its_own_state(models_file, monkeypatch):
+    """The workload is the run's input: its fields cannot be assigned. What a run writes (notes, one-time builds,
+    staged batches) lives in a RunState of the run's own, so a second run on the same workload starts clean and
+    the workload itself is left as it was."""
+    import dataclasses
+
+    from pytorchtricks.tune import engine
+
+    w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=2, input_size=16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.batch_size = 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.notes = ("changed",)
+    states = []
+
+    def diagnose_then_interrupt(wr, budget_s):  # a run that writes into its state, then is stopped (Ctrl-C)
+        states.append(wr.run)
+        wr.run.notes.append(f"run {len(states)} built something")
+        wr.run.prepared["something"] = len(states)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "diagnose", diagnose_then_interrupt)
+    first = engine.run_tune(w, time_budget_s=5)
+    second = engine.run_tune(w, time_budget_s=5)
+    assert len(states) == 2 and states[0] is not states[1] and all(s is not w.run for s in states)
+    assert first.notes[: len(w.notes)] == list(w.notes)  # the workload's own notes first, then the run's
+    assert first.notes[-1] == "run 1 built something" and "run 1 built something" not in second.notes
+    assert second.notes[-1] == "run 2 built something" and states[1].prepared == {"something": 2}
+    assert w.run.notes == [] and w.run.prepared == {} and w.run.staged == []
+
+
+def test_selfcheck_gives_the_model_tunes_head_in_a_new_workload(models_file):
+    from pytorchtricks.tune.selfcheck import _with_head
+
+    w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=2, input_size=16)
+    wide = _with_head(w, 3)
+    assert (wide.num_outputs, w.num_outputs) == (3, 10) and wide.model_factory()[-1].out_features == 3
+    assert w.model_factory()[-1].out_features == 10  # the workload it was made from is unchanged
+
+
 @pytest.mark.parametrize(
     ("model", "data", "size", "needle", "fix"),
     [

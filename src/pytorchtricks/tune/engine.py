@@ -58,12 +58,12 @@ from pytorchtricks.tune.measuring import (
     time_left_s,
 )
 from pytorchtricks.tune.runner import Runner, prepare_all, prepare_key, stage_batches
-from pytorchtricks.tune.workload import Workload, build_workload
+from pytorchtricks.tune.workload import RunState, Workload, build_workload
 
 
 def _payback(w: Workload, cr: CandidateResult, m: Measured, ref: Measured) -> str:
     """The one-time cost of a trick that builds something (pack, cache, sweep) and the epochs it takes to pay."""
-    cost = sum(w.prepare_s.get(n, 0.0) for n in with_requirements((cr.name,)))
+    cost = sum(w.run.prepare_s.get(n, 0.0) for n in with_requirements((cr.name,)))
     if cost <= 0:
         return ""
     cr.prepare_s = cost
@@ -366,7 +366,7 @@ def _needs_build(w: Workload, tricks: tuple[str, ...]) -> bool:
     """Whether a configuration needs a one-time build not made yet (a prepare under a key not yet built)."""
     done: tuple[str, ...] = ()
     for name in with_requirements(tricks):
-        if by_name(name).hook.prepare is not None and prepare_key(name, done) not in w.prepared:
+        if by_name(name).hook.prepare is not None and prepare_key(name, done) not in w.run.prepared:
             return True
         done = (*done, name)
     return False
@@ -544,7 +544,7 @@ def run_tune(
     With ``memory_budget`` (``"24GiB"``, ``"1.5G"``, bytes, or ``"50%"`` of the baseline's measured peak) or
     ``goal="memory"`` it searches the catalogue's memory tricks instead (``tune.memory``): the fastest
     configuration whose measured step peak fits. KeyboardInterrupt stops the run and returns what was measured so
-    far (``interrupted=True``).
+    far (``interrupted=True``). ``w`` is not changed: the run writes into a fresh ``RunState`` of its own.
     """
     from pytorchtricks.tune.memory import parse_budget, run_memory_search
 
@@ -568,6 +568,8 @@ def run_tune(
         raise PttError(f"--time-budget must be positive seconds, not {budget}.")
     prog = progress or Progress()
     dl = deadline or Deadline(budget)
+    # this run's builds, notes and staged batches: its own, never shared with another run on the same workload
+    w = dataclasses.replace(w, run=RunState())
     import_cpp_extension_quietly()  # torch.utils.benchmark's import warns about CUDA_HOME on a driverless box
     res = TuneResult(workload=describe(w), env=environment(w.device), goal=goal, budget_s=budget)
     res.notes.extend(w.notes)
@@ -609,7 +611,7 @@ def run_tune(
         res.notes.append(no_recommendation(res))
     # what the one-time builds said while the run went on (an arena left in /dev/shm, a pack left on disk: where,
     # how big, how to remove it)
-    res.notes.extend(n for n in dict.fromkeys(w.notes) if n not in res.notes)
+    res.notes.extend(n for n in dict.fromkeys(w.run.notes) if n not in res.notes)
     res.elapsed_s = dl.elapsed_s
     if dl.elapsed_s > budget:
         res.notes.append(
@@ -901,7 +903,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
         task=task,
     )  # fmt: skip
     if auto_note:
-        w.notes.append(auto_note)
+        w = dataclasses.replace(w, notes=(*w.notes, auto_note))
     res = run_tune(
         w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl, memory_budget=memory_budget
     )

@@ -352,7 +352,7 @@ def run_memory_search(
     )
     static = _static_bytes(w)
     search.activation_budget_bytes = None if budget is None else max(1, budget - static)
-    w.activation_budget_bytes = search.activation_budget_bytes  # what every configuration's hooks plan to
+    w.run.activation_budget_bytes = search.activation_budget_bytes  # what every configuration's hooks plan to
     facts = facts_of(
         w, diag, time_left_s(dl), goal="memory" if goal == "speed" else goal, memory_budget_bytes=budget
     )

@@ -95,7 +95,7 @@ def _check_memory(p: dict[str, Any], w: Any, rec: tuple[str, ...], budget_s: flo
     from pytorchtricks.tune.runner import stage_batches
 
     mem = p["memory"]
-    w.activation_budget_bytes = mem.get("activation_budget_bytes")  # the plan the search made, made again
+    w.run.activation_budget_bytes = mem.get("activation_budget_bytes")  # the plan the search made, made again
     batches = stage_batches(w)
     base_peak, _, _, _ = measure_peak(w, (), batches)
     got_peak, _, _, err = measure_peak(w, rec, batches)

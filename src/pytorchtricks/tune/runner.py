@@ -55,7 +55,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         cache_dir=cache_root(),
         dataset=w.dataset,
         loader_kwargs={"num_workers": w.num_workers},
-        activation_budget_bytes=w.activation_budget_bytes,
+        activation_budget_bytes=w.run.activation_budget_bytes,
     )
 
 
@@ -69,14 +69,14 @@ def prepare_key(name: str, earlier: tuple[str, ...]) -> str:
 
 
 def prepared(w: Workload, name: str, setup: TuneSetup | None = None, earlier: tuple[str, ...] = ()) -> Any:
-    """The one-time state of ``name``'s hook (a pack, a RAM cache, a loader sweep): built once per workload and
-    key (``prepare_key``), its seconds recorded in ``w.prepare_s`` (the receipt's one-time cost and break-even
-    epochs). ``setup``: the configuration as the hooks ``earlier`` left it (default: the user's)."""
+    """The one-time state of ``name``'s hook (a pack, a RAM cache, a loader sweep): built once per run (``w.run``)
+    and key (``prepare_key``), its seconds recorded in ``w.run.prepare_s`` (the receipt's one-time cost and
+    break-even epochs). ``setup``: the configuration as the hooks ``earlier`` left it (default: the user's)."""
     hook = by_name(name).hook
     if hook.prepare is None:
         return None
-    key = prepare_key(name, earlier)
-    if key not in w.prepared:
+    key, run = prepare_key(name, earlier), w.run
+    if key not in run.prepared:
         s = dataclasses.replace(setup if setup is not None else base_setup(w), notes=[])
         beside = _StepBeside(w)
         s.step_beside = beside
@@ -84,16 +84,16 @@ def prepared(w: Workload, name: str, setup: TuneSetup | None = None, earlier: tu
         try:
             with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
                 warnings.simplefilter("always")
-                w.prepared[key] = hook.prepare(s)
+                run.prepared[key] = hook.prepare(s)
         finally:
             beside.close()
         said = [str(c.message) for c in caught if issubclass(c.category, PttWarning)] + s.notes
-        w.notes.extend(f"{key}: {msg}" for msg in dict.fromkeys(said))
-        state = w.prepared[key]
-        w.prepare_s[key] = (
+        run.notes.extend(f"{key}: {msg}" for msg in dict.fromkeys(said))
+        state = run.prepared[key]
+        run.prepare_s[key] = (
             float(state["build_s"]) if isinstance(state, dict) and "build_s" in state else now_s() - t0
         )
-    return w.prepared[key]
+    return run.prepared[key]
 
 
 def prepare_all(w: Workload, tricks: tuple[str, ...]) -> None:
@@ -174,10 +174,10 @@ class Runner:
                 with warnings.catch_warnings(record=True) as caught:  # said once, in the receipt's notes
                     warnings.simplefilter("always")
                     self.acc = setup.accumulate(self.model, self.optimizer, self.mp)
-                w.notes.extend(
+                w.run.notes.extend(
                     n
                     for n in (str(c.message) for c in caught if issubclass(c.category, UserWarning))
-                    if n not in w.notes
+                    if n not in w.run.notes
                 )
         self.num_workers = int(setup.loader_kwargs.get("num_workers", 0))
         self._staged = batches  # batches held in memory: the step without its loader (the compute step)
@@ -453,8 +453,8 @@ def _stop_workers_now(it: Any) -> None:
 def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` batches of the user's pipeline, read and held in memory: ``Runner(w, t, batches=...)``
     then times only the compute step (host->device, forward, backward, optimizer), without the loader.
-    Read once per workload (decoding full-size photos in-process takes seconds) and shared by every phase."""
-    have: list[tuple[torch.Tensor, torch.Tensor]] = w.staged
+    Read once per run (``w.run``: decoding full-size photos in-process takes seconds) and shared by every phase."""
+    have: list[tuple[torch.Tensor, torch.Tensor]] = w.run.staged
     if len(have) < n:
         r = Runner(w, ())  # the user's loader, workers and all: the same batches, read sooner
         try:

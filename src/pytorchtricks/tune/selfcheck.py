@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytorchtricks.tune.workload import Workload
 
 # tune's figure and the fresh process's may differ by this factor before the receipt calls them inconsistent: the
 # run-to-run drift of one step on a shared VM (CONTRIBUTING: ratios compare within a run only) is well inside it,
@@ -101,7 +104,7 @@ def _main(argv: list[str]) -> int:
     if (
         not detect and want and w.num_outputs != want
     ):  # a head tune resized to its data's classes: the same here
-        _resize_head(w, int(want))
+        w = _with_head(w, int(want))
     r = Runner(w, (), batches=stage_batches(w, 2))
     try:
         r.step()  # the first steps pay lazy initialisation (allocator, kernel and primitive caches)
@@ -130,9 +133,11 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def _resize_head(w: Any, n: int) -> None:
-    """Give the workload's model the head tune's had: its last Linear with ``w.num_outputs`` outputs, ``n`` wide."""
+def _with_head(w: Workload, n: int) -> Workload:
+    """The workload with the head tune's had: its model's last Linear with ``w.num_outputs`` outputs made ``n``
+    wide (a new workload; ``w`` as it was when the model has no such Linear)."""
     import copy
+    import dataclasses
 
     from torch import nn
 
@@ -143,13 +148,12 @@ def _resize_head(w: Any, n: int) -> None:
         if isinstance(m, nn.Linear) and m.out_features == w.num_outputs
     ]
     if not heads:
-        return
+        return w
     name, old = heads[-1]
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
     setattr(parent, name.rpartition(".")[2], nn.Linear(old.in_features, n, bias=old.bias is not None))
     state = copy.deepcopy(model)
-    w.model_factory = lambda: copy.deepcopy(state)
-    w.num_outputs = n
+    return dataclasses.replace(w, model_factory=lambda: copy.deepcopy(state), num_outputs=n)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -112,8 +112,32 @@ def default_image_folder(*, count: int = DEFAULT_PHOTOS, root: str | None = None
 
 
 @dataclass
+class RunState:
+    """What one run of ``tune`` writes while it goes: the one-time builds, what they said, the staged batches and
+    the memory search's plan. Created once per run (``run_tune``) and held by the run's ``Workload`` as its only
+    mutable member, so that every function handed the workload sees the same run without a second parameter.
+    ``dataclasses.replace`` keeps the run of the workload it copies: a new run passes ``run=RunState()``."""
+
+    # what the run's one-time builds and hooks said (a pack left on disk, an arena in /dev/shm, a warning), in the
+    # order they said it: the receipt's notes after the workload's own
+    notes: list[str] = field(default_factory=list)
+    # one-time builds shared by every configuration (a pack, a RAM cache, a loader sweep) and their seconds
+    prepared: dict[str, Any] = field(default_factory=dict)
+    prepare_s: dict[str, float] = field(default_factory=dict)
+    # batches read once, held for the compute step (stage_batches)
+    staged: list[Any] = field(default_factory=list)
+    # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
+    # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
+    activation_budget_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Workload:
-    """A model factory plus data, as ``tune`` measures them."""
+    """A model factory plus data, as ``tune`` measures them: the run's inputs, fixed once built.
+
+    A changed workload is a new one (``dataclasses.replace``). What a run writes lives in ``run`` (a ``RunState``);
+    ``run_tune`` gives each run a fresh one, so two runs on the same workload share nothing they wrote.
+    """
 
     model_spec: str
     model_factory: Callable[[], nn.Module]  # a fresh copy with the same initial weights on every call
@@ -126,7 +150,7 @@ class Workload:
     input_size: int  # the image side in pixels (its height when ``width`` differs)
     for_: str  # "train" or "infer"
     device: torch.device
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()  # what building the workload found (few images, labels taken mod the outputs)
     channels: int = 3  # input channels the model takes (1: gray, 3: RGB)
     width: int | None = None  # the image width when it differs from ``input_size`` (None: square)
     num_workers: int = DEFAULT_WORKERS  # loader worker processes the user's loop uses: the baseline's
@@ -135,15 +159,6 @@ class Workload:
     labels: Any = None  # int64 label of every sample
     files: list[str] | None = None  # the file of every sample (files and packs of files; None: synthetic)
     optimizer: tuple[str, dict[str, Any]] = ("sgd", {"lr": 0.01, "momentum": 0.9})
-    # one-time builds shared by every configuration (a pack, a RAM cache, a loader sweep) and their seconds
-    prepared: dict[str, Any] = field(default_factory=dict)
-    prepare_s: dict[str, float] = field(default_factory=dict)
-    staged: list[Any] = field(
-        default_factory=list
-    )  # batches read once, held for the compute step (stage_batches)
-    # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
-    # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
-    activation_budget_bytes: int | None = None
     # the accelerator's step, declared (``--device-step-ms``): every step holds the main process this long without
     # using a core, in place of the model's step on this machine; loaders are then measured against it (a
     # projection for that accelerator). None: the model's own step runs here.
@@ -152,6 +167,8 @@ class Workload:
     max_size: int | None = (
         None  # detection: the long side's cap of the model's resize (input_size: the short side)
     )
+    # what a run writes (not an input: left out of comparisons and the repr)
+    run: RunState = field(default_factory=RunState, compare=False, repr=False)
 
     @property
     def num_classes(self) -> int:
@@ -431,7 +448,7 @@ def build_workload(
     from pytorchtricks.tune.datacheck import label_array
 
     out = Workload(
-        spec, factory, dataset, data_desc, n_out, bs, h, for_, dev, notes,
+        spec, factory, dataset, data_desc, n_out, bs, h, for_, dev, tuple(notes),
         channels=channels, width=None if w == h else w, num_workers=num_workers,
         data_kind=kind, source=source, labels=label_array(dataset), files=files,
     )  # fmt: skip
@@ -441,16 +458,16 @@ def build_workload(
 def _declared(
     out: Workload, optimizer: tuple[str, dict[str, Any]] | None, device_step_ms: float | None
 ) -> Workload:
-    """The loop's optimizer and the accelerator's declared step, on a built workload."""
+    """A built workload with the loop's optimizer and the accelerator's declared step."""
     if optimizer is not None:
-        out.optimizer = (str(optimizer[0]), dict(optimizer[1]))
+        out = replace(out, optimizer=(str(optimizer[0]), dict(optimizer[1])))
     if device_step_ms is not None:
-        out.device_step_s = device_step_ms / 1e3
-        out.notes.append(
+        note = (
             f"the step is declared: {device_step_ms:g} ms on the accelerator (--device-step-ms); every figure below "
             "is a projection - each loader is timed feeding a stand-in step that holds the training process that "
             "long without using this machine's cores, as a GPU step does apart from its launch thread"
         )
+        out = replace(out, device_step_s=device_step_ms / 1e3, notes=(*out.notes, note))
     return out
 
 
@@ -499,6 +516,6 @@ def _detection_workload(
     bs = batch_size or 4
     files = [dataset.path(i) for i in range(len(dataset))]
     return Workload(
-        spec, factory, dataset, desc, n_classes, bs, short, for_, dev, [],
+        spec, factory, dataset, desc, n_classes, bs, short, for_, dev,
         num_workers=num_workers, data_kind="files", source=source, files=files, task="detection", max_size=long,
     )  # fmt: skip
