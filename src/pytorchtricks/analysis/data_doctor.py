@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.analysis import verdict as judge
-from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, now_s
+from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, drain, now_s
 from pytorchtricks.core import PttError, resolve_device
 
 __all__ = ["doctor_data", "DataReport", "open_image_dataset"]
@@ -185,18 +185,9 @@ def _loader_times(
     for _ in range(max(0, min(prefetched, spare))):
         next(it)
     next(it)  # the queue is empty now: time from one arrival to the next ones
-    t0 = now_s()
-    n = 0
-    with CpuMeter() as alone:
-        for _ in range(batches):
-            try:
-                next(it)
-            except StopIteration:
-                break
-            n += 1
-    free_s = (now_s() - t0) / max(n, 1)
-    assert alone.result is not None
-    cpu["loader"], cpu["loader batches"] = alone.result, max(n, 1)  # type: ignore[assignment]
+    n, took_s, alone = drain(it, batches)
+    free_s = took_s / max(n, 1)
+    cpu["loader"], cpu["loader batches"] = alone, max(n, 1)  # type: ignore[assignment]
     if step_time_s is None:
         return free_s, None
     wait = 0.0

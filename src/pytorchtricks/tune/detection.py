@@ -239,7 +239,7 @@ def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, A
 def loader_rates(w: Any, batches: int = 3) -> dict[str, dict[str, float]]:
     """The reference pipeline's and our loader's own rates, each alone (no step beside it), with the user's
     workers: images/s and their workers' CPU-seconds per image, after one warm-up batch each."""
-    from pytorchtricks.clock import CpuMeter, Stopwatch
+    from pytorchtricks.clock import drain
 
     out: dict[str, dict[str, float]] = {}
     kw = {"num_workers": w.num_workers}
@@ -254,20 +254,11 @@ def loader_rates(w: Any, batches: int = 3) -> dict[str, dict[str, float]]:
         )
         it = iter(ld)
         next(it)  # worker start-up and the first prefetch
-        sw = Stopwatch()
-        n = 0
-        with CpuMeter() as cm, sw.stage("batches"):
-            for _ in range(batches):
-                try:
-                    next(it)
-                except StopIteration:
-                    break
-                n += 1
+        n, took_s, use = drain(it, batches)
         del it, ld
-        assert cm.result is not None
         imgs = max(1, n * w.batch_size)
         out[name] = {
-            "images_per_s": imgs / max(sw.total_s, 1e-9),
-            "cpu_s_per_image": (cm.result.main_cpu_s + cm.result.workers_cpu_s) / imgs,
+            "images_per_s": imgs / max(took_s, 1e-9),
+            "cpu_s_per_image": (use.main_cpu_s + use.workers_cpu_s) / imgs,
         }
     return out
