@@ -116,7 +116,7 @@ RESULTS ?= results/$(CPU_CLASS)
 
 # 10,000 distinct real-photo JPEGs (wallpaper crops, fixed seed) in data/photos/<class>/ for tests and benchmarks.
 data: setup system-deps
-	$(PY) -m pytorchtricks.shards.photoset data/photos --count 10000
+	$(PY) -m pytorchtricks.data.photoset data/photos --count 10000
 
 # Pack throughput / storage overhead per format, random reads, decode img/s per backend -> $(RESULTS)/.
 bench-pack: setup data

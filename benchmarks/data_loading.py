@@ -186,7 +186,7 @@ def sys_ptt_files(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
 
 def sys_ptt_files_nowindow(folder: str, work: str) -> tuple[Iterable[Any], float | None]:
     import pytorchtricks as ptt
-    from pytorchtricks.shards.jpeg import fallback_backend
+    from pytorchtricks.data.decode import fallback_backend
 
     return _ptt_loader(ptt.JpegFolder(folder), backend=fallback_backend()), 0.0
 
@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tag = f"data_loading-{args.images}" if args.set == "photos" else f"data_loading-hires-{args.images}"
     if args.src is None and args.set == "hires":
-        from pytorchtricks.shards.photoset import build_photo_set
+        from pytorchtricks.data.photoset import build_photo_set
 
         args.src = os.path.join(args.work, f"hires-{args.min_mp:g}mp-{args.images}")
         build_photo_set(args.src, args.images, min_mp=args.min_mp, workers=WORKERS)

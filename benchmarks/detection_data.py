@@ -14,7 +14,7 @@ flip: Faster R-CNN's) and ``lsj`` (scale jitter to 1024 + 1024 crop/pad + flip).
 - ``dali-cpu``: DALI's CPU pipeline (``device_id=None``): COCO reader, decoder, ``bb_flip`` + flip, resize
   (shorter 800, max 1333), pad to a multiple of 32.
 - ``floor`` / ``floor-lsj``: the decode floor - each photo decoded whole at the DCT scale its output needs
-  (``shards.jpeg.decode_scaled``), nothing else, in the same 2 workers.
+  (``data.decode.decode_scaled``), nothing else, in the same 2 workers.
 
 Every system reads the same images in its own child process (peers in ``.venv-peers``), batch 4, 2 workers (DALI:
 2 threads), 2 epochs; rounds run the systems in rotating order (interleaved). Ratios are per round (same round's
@@ -75,7 +75,7 @@ def _now() -> float:
 
 def coco_root(photos: str, work: str, seed: int = 0) -> tuple[str, str]:
     """``(images folder, annotation file)``: the photos with 1-8 seeded boxes each, as a COCO instances JSON."""
-    from pytorchtricks.shards.photoset import coco_with_boxes
+    from pytorchtricks.data.photoset import coco_with_boxes
 
     return photos, coco_with_boxes(photos, os.path.join(work, "instances_train.json"), seed)
 
@@ -144,7 +144,7 @@ class _Floor:
     def __getitem__(self, idx: list[int]) -> int:
         import numpy as np
 
-        from pytorchtricks.shards.jpeg import decode_scaled, image_size
+        from pytorchtricks.data.decode import decode_scaled, image_size
 
         for i in idx:
             raw = self.ds.read(i)
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from pytorchtricks.clock import environment, write_results
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.data.photoset import build_photo_set
 
     src = args.src or os.path.join(args.work, f"hires-2mp-{args.images}")
     if args.src is None:

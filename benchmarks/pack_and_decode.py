@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.clock import compare, environment, time_call, write_jsonl
+from pytorchtricks.data.decode import available_backends, decode_image, image_size
+from pytorchtricks.data.photoset import build_photo_set
+from pytorchtricks.data.sources import list_source
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.jpeg import available_backends, decode_image, image_size
-from pytorchtricks.shards.photoset import build_photo_set
-from pytorchtricks.shards.sources import list_source
 from pytorchtricks.shards.writer import pack
 
 
@@ -112,7 +112,7 @@ def bench_decode(files: list[str], n: int, rounds: int) -> list[dict[str, Any]]:
 
 
 def _full_then_resize(data: bytes, box: tuple[int, int, int, int], backend: str) -> np.ndarray:
-    from pytorchtricks.shards.jpeg import resize_array
+    from pytorchtricks.data.decode import resize_array
 
     # the whole image decoded, then cut (with backend="roi", crop= would decode only a window)
     top, left, h, w = box

@@ -2,7 +2,7 @@
 
 Each photo gets one RandomResizedCrop box (scale 0.08-1, ratio 3/4-4/3, seeded) and is decoded to 224x224 by
 ``decode_image`` with ``backend="roi"`` (the crop's window at the DCT scale) and with the fallback backend (the
-whole image at the same scale, then the crop and resize): the pixels are the same (tests/shards/test_jpeg_roi.py),
+whole image at the same scale, then the crop and resize): the pixels are the same (tests/data/test_decode_roi.py),
 the work is not. A third path, ``floor``, reads every photo whole at libjpeg-turbo's smallest DCT scale (1/8,
 simplejpeg ``min_height=min_width=1``): Huffman decoding of every coefficient plus a 1/64-size output - what any
 exact decode of a baseline JPEG must spend before its last needed row, so no window can beat it by more than the
@@ -29,10 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv: list[str] | None = None) -> int:
     from pytorchtricks.clock import compare, environment, write_results
+    from pytorchtricks.data import decode
     from pytorchtricks.data.images import rrc_box
+    from pytorchtricks.data.photoset import build_photo_set
     from pytorchtricks.hardware import cpu_caps
-    from pytorchtricks.shards import jpeg
-    from pytorchtricks.shards.photoset import build_photo_set
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -60,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     jobs = []
     for raw in data:
-        h, w = jpeg.image_size(raw)
+        h, w = decode.image_size(raw)
         jobs.append((raw, rrc_box(h, w, (0.08, 1.0), (3 / 4, 4 / 3), rng), h * w))
     source_mp = sum(px for _, _, px in jobs) / 1e6
-    fallback = jpeg.fallback_backend()
+    fallback = decode.fallback_backend()
 
     def run(backend: str) -> None:
         for raw, box, _ in jobs:
-            jpeg.decode_image(raw, size=(224, 224), crop=box, backend=backend)
+            decode.decode_image(raw, size=(224, 224), crop=box, backend=backend)
 
     def floor() -> None:
         import simplejpeg
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     decoded = {}
     for name, backend in (("window", "roi"), ("whole", fallback)):
-        jpeg.reset_decode_stats()
+        decode.reset_decode_stats()
         run(backend)
-        st = jpeg.decode_stats()
+        st = decode.decode_stats()
         decoded[name] = {"decoded_mp_per_sample": st["decoded_px"] / len(jobs) / 1e6, **st}
     res = compare(
         {"baseline": lambda: run(fallback), "window": lambda: run("roi"), "floor": floor},
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {json.dumps(r['fallback']) if r['fallback'] else '-'} |"
         )
     fl = next(r for r in rows if r["path"] == "floor")
-    read = float(np.mean([(box[0] + box[2]) / jpeg.image_size(raw)[0] for raw, box, _ in jobs]))
+    read = float(np.mean([(box[0] + box[2]) / decode.image_size(raw)[0] for raw, box, _ in jobs]))
     md += [
         "",
         f"The floor: {fl['images_per_s']:.0f} photos/s on one core only to entropy-decode them whole (no crop, no "

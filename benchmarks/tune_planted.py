@@ -37,10 +37,10 @@ def planted() -> nn.Module:
 
 
 def png_photos(root: str, classes: int = 4, per_class: int = 24) -> str:
-    """Real photos (``shards.photoset``, 512-1024 px) re-saved as PNG: no reduced-scale decode possible."""
+    """Real photos (``data.photoset``, 512-1024 px) re-saved as PNG: no reduced-scale decode possible."""
     from PIL import Image
 
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.data.photoset import build_photo_set
 
     src = os.path.join(root, "jpeg")
     build_photo_set(src, classes * per_class, max_sources=classes)

@@ -130,7 +130,7 @@ def test_decoded_megapixels_and_fallbacks_are_reported(jpegs):
     progressive files fall back, counted by reason, with a note that says how to fix them."""
     import numpy as np
 
-    from pytorchtricks.shards.jpeg import backend_works, decode_image
+    from pytorchtricks.data.decode import backend_works, decode_image
 
     if not backend_works("roi"):
         pytest.skip("the region-of-interest decode does not build here")

@@ -271,7 +271,7 @@ def coco_root(tmp_path):
     """A COCO root of 6 real photos (Debian wallpapers, downscaled to 160-240 px) with 1-2 boxes each."""
     from PIL import Image
 
-    from pytorchtricks.shards.photoset import wallpaper_sources
+    from pytorchtricks.data.photoset import wallpaper_sources
 
     src = wallpaper_sources()
     if len(src) < 3:

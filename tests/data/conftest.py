@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytorchtricks.shards.photoset import wallpaper_sources
+from pytorchtricks.data.photoset import wallpaper_sources
 
 N_PHOTOS = 6
 LONG_SIDE = 1200  # downscaled for speed: still decoded at 1/2 and 1/4 by the small recipes of the tests

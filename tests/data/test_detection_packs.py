@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import pytorchtricks as ptt
+from pytorchtricks.data.decode import image_size
 from pytorchtricks.data.detection import open_detection
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.jpeg import image_size
 from pytorchtricks.shards.writer import pack
 
 

@@ -155,7 +155,7 @@ def test_ssd_zoom_out_iou_crop_flip_resize_match_v2(photo_set):
 
 
 def test_scaled_decode_is_used_and_reads_only_the_window(photo_set):
-    from pytorchtricks.shards.jpeg import decode_stats, reset_decode_stats
+    from pytorchtricks.data.decode import decode_stats, reset_decode_stats
 
     p = photo_set[0]
     g = DetectionRecipe.shortest_side(200, None).plan(p["hw"], np.random.default_rng(0), 200)

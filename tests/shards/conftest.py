@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorchtricks.shards.photoset import build_photo_set, wallpaper_sources
+from pytorchtricks.data.photoset import build_photo_set, wallpaper_sources
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def coded(tmp_path_factory):
 
 
 def _id(item) -> int:
-    from pytorchtricks.shards.jpeg import decode_image
+    from pytorchtricks.data.decode import decode_image
 
     return int(decode_image(bytes(item[0]))[0, 0, 0]) // 5
 

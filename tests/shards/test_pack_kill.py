@@ -330,8 +330,8 @@ def test_decompression_bombs_are_rejected_from_the_header(folder, tmp_path):
 
 
 def _decoded(dst: Path) -> list[np.ndarray]:
+    from pytorchtricks.data.decode import decode_image
     from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.shards.jpeg import decode_image
 
     ds = ShardDataset(dst, decode=None)
     return [decode_image(bytes(ds.read_raw(i)[0]), backend="pil") for i in range(len(ds))]

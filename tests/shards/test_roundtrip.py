@@ -97,7 +97,7 @@ def test_decoded_images_and_transform(packs):
 
 
 def test_raw_pack_yields_arrays(photos, tmp_path):
-    from pytorchtricks.shards.jpeg import decode_image, resize_array
+    from pytorchtricks.data.decode import decode_image, resize_array
     from pytorchtricks.shards.writer import pack
 
     for fmt in ("ptt", "tar"):

@@ -25,7 +25,7 @@ def coco(tmp_path_factory):
     1-3 boxes each."""
     from PIL import Image
 
-    from pytorchtricks.shards.photoset import wallpaper_sources
+    from pytorchtricks.data.photoset import wallpaper_sources
 
     src = wallpaper_sources()
     if len(src) < 3:

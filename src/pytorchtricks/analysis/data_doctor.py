@@ -106,17 +106,16 @@ def _serial(
     dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
 ) -> tuple[dict, float, dict[str, Any]]:
     from pytorchtricks.data.batches import stack_batch as _stack
+    from pytorchtricks.data.decode import decode_image, decode_stats, image_size, resize_array
     from pytorchtricks.data.images import (
         crop_decode,
         hflip,
         is_encoded,
         read_item,
-        resize_hwc,
         rrc_box,
         sample_rng,
         to_hwc,
     )
-    from pytorchtricks.shards.jpeg import decode_image, decode_stats, image_size
 
     out = (crop, crop) if crop else None
     before = decode_stats()
@@ -141,7 +140,7 @@ def _serial(
                     arr = to_hwc(raw)
                     if out and box:
                         t, lf, h, w = box
-                        arr = resize_hwc(arr[t : t + h, lf : lf + w], out)
+                        arr = resize_array(arr[t : t + h, lf : lf + w], out)
             with sw.stage("augment"):
                 if flip:
                     arr = hflip(arr)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.jpeg import image_size
+from pytorchtricks.data.decode import image_size
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 EDGE_TOLERANCE_PX = 1.0  # a box may leave the image by this much (then clipped): annotation tools round

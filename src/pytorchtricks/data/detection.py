@@ -34,7 +34,7 @@ import torch
 
 from pytorchtricks.core import PttError, config_or_keywords
 from pytorchtricks.data.annotations import AnnotationError, header_bytes, read_coco, read_voc, read_yolo
-from pytorchtricks.shards.jpeg import image_size
+from pytorchtricks.data.decode import image_size
 
 __all__ = ["AnnotationError", "DetectionDataset", "DetectionTables", "detection_layout", "open_detection"]
 

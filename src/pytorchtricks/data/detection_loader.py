@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.decode import image_size
 from pytorchtricks.data.recipes import DetectionRecipe
-from pytorchtricks.shards.jpeg import image_size
 
 Alloc = Callable[[tuple[int, ...]], torch.Tensor]
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.sources import (
+from pytorchtricks.data.sources import (
     IMAGE_EXTENSIONS,
     walk_class_tree,
 )  # one reader, on the formats' floor

@@ -4,7 +4,7 @@ A detection recipe (resize to a short side, scale jitter + fixed-size crop, IoU 
 image, one axis-aligned affine map from source pixels to output pixels. ``Geometry`` holds it as a value: the source
 size, a ``window`` (top, left, height, width in source pixels; fractional, and it may reach past the image: that part
 is padding), the output size the window is stretched to, and a horizontal flip. The pixels and the boxes follow the
-same map: ``warp`` resamples the DCT-scaled decode once (``shards.jpeg.decode_scaled``: the largest 1/2, 1/4, 1/8
+same map: ``warp`` resamples the DCT-scaled decode once (``data.decode.decode_scaled``: the largest 1/2, 1/4, 1/8
 scale that keeps the window at least the output size, and only the window's rows and iMCU columns), and
 ``map_boxes`` moves XYXY boxes, clips them to the output and drops the degenerate ones, saying how many.
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.jpeg import dct_scale, decode_scaled
+from pytorchtricks.data.decode import dct_scale, decode_scaled
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Image plumbing shared by the loader, the cache and the doctor: decode hooks, crop boxes, sample adapters.
 
-Not a trick (leading underscore). The decoder is ``shards.jpeg.decode_image`` (crop-aware DCT-scaled decode), one
-floor down.
+Not a trick. The decoder is ``data.decode.decode_image`` (crop-aware DCT-scaled decode) and the resize policy
+``data.decode.resize_array``, beside this module in the data wing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.jpeg import Box, decode_image, image_size
+from pytorchtricks.data.decode import Box, decode_image, image_size, resize_array
 
 
 def crop_decode(
@@ -78,37 +78,6 @@ def eval_geometry(
     long = int(resize * max(height, width) / min(height, width))
     rh, rw = (resize, long) if height <= width else (long, resize)
     return (rh, rw), (round((rh - crop[0]) / 2), round((rw - crop[1]) / 2))
-
-
-def resize_hwc(
-    arr: np.ndarray, size: tuple[int, int], *, area: bool = True, out: np.ndarray | None = None
-) -> np.ndarray:
-    """Bilinear (area when shrinking 2x or more and ``area``) resize of an HxWx3 uint8 array to ``size=(H, W)``,
-    written into ``out`` (a slot of the batch buffer: no extra copy) when given."""
-    if arr.shape[0] == size[0] and arr.shape[1] == size[1]:
-        if out is None:
-            return arr
-        out[...] = arr
-        return out
-    try:
-        import cv2
-
-        shrink = area and arr.shape[0] >= 2 * size[0] and arr.shape[1] >= 2 * size[1]
-        mode = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
-        if out is not None:
-            cv2.resize(arr, (size[1], size[0]), dst=out, interpolation=mode)
-            return out
-        return cv2.resize(arr, (size[1], size[0]), interpolation=mode)
-    except ImportError:
-        from PIL import Image
-
-        res = np.asarray(
-            Image.fromarray(np.ascontiguousarray(arr)).resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        )
-        if out is None:
-            return res
-        out[...] = res
-        return out
 
 
 def hflip(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -207,7 +176,7 @@ class SampleMaker:
                     arr = crop_decode(raw, (h0, w0), box, self.crop, self.backend)
                 else:  # full-size decode, then crop and resize: the reference path
                     t, lf, h, w = box
-                    arr = resize_hwc(
+                    arr = resize_array(
                         decode_image(raw, backend=self.backend)[t : t + h, lf : lf + w], self.crop
                     )
         else:
@@ -216,9 +185,9 @@ class SampleMaker:
                 t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], self.scale, self.ratio, rng)
                 if out is not None:
                     # decoded pixels (RAM cache): resize straight into the batch, flip in place
-                    resize_hwc(arr[t : t + h, lf : lf + w], self.crop, out=out)
+                    resize_array(arr[t : t + h, lf : lf + w], self.crop, out=out)
                     return hflip(out, out) if self.flip and rng.random() < 0.5 else out
-                arr = resize_hwc(arr[t : t + h, lf : lf + w], self.crop)
+                arr = resize_array(arr[t : t + h, lf : lf + w], self.crop)
         if self.flip and rng.random() < 0.5:
             return hflip(arr, out)
         if out is not None:
@@ -235,11 +204,11 @@ class SampleMaker:
             if self.scaled_decode:  # the DCT scale keeps the short side >= resize; one resize after it
                 arr = crop_decode(raw, (h0, w0), (0, 0, h0, w0), sized, self.backend)
             else:
-                arr = resize_hwc(decode_image(raw, backend=self.backend), sized)
+                arr = resize_array(decode_image(raw, backend=self.backend), sized)
         else:  # decoded pixels (a RAM cache at short side == resize: the resize is a no-op)
             arr = to_hwc(raw)
             sized, (t, lf) = eval_geometry(arr.shape[0], arr.shape[1], resize, crop)
-            arr = resize_hwc(arr, sized)
+            arr = resize_array(arr, sized)
         view = arr[t : t + crop[0], lf : lf + crop[1]]
         if self.flip and rng.random() < 0.5:  # only when asked for (flip=True): eval does not flip by default
             return hflip(view, out)

@@ -55,7 +55,8 @@ def load_calibration(folder: str, shape: Sequence[int], limit: int = 64) -> list
     image_mod = require("PIL.Image", "data", package="pillow")
     if not os.path.isdir(folder):
         raise PttError(f"--calibrate {folder!r} is not a folder; give a folder of .jpg/.png images.")
-    from pytorchtricks.shards.sources import IMAGE_EXTENSIONS
+    from pytorchtricks.data.normalization import IMAGENET_MEAN, IMAGENET_STD
+    from pytorchtricks.data.sources import IMAGE_EXTENSIONS
 
     files = sorted(
         os.path.join(root, f)
@@ -67,8 +68,8 @@ def load_calibration(folder: str, shape: Sequence[int], limit: int = 64) -> list
         raise PttError(f"no .jpg/.png images under {folder!r}; calibration needs a few real inputs.")
     if len(shape) != 4 or shape[1] != 3:
         raise PttError("--calibrate with images needs an input shape N,3,H,W.")
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
     imgs = []
     for f in files:
         with image_mod.open(f) as im:

@@ -29,7 +29,7 @@ def make_decoder(decode: Decode) -> Callable[[Any], Any] | None:
     if callable(decode):
         return decode
     if isinstance(decode, str):
-        from pytorchtricks.shards.jpeg import BACKENDS, decode_image
+        from pytorchtricks.data.decode import BACKENDS, decode_image
 
         if decode != "auto" and decode not in BACKENDS:
             raise PttError(

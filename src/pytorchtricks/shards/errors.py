@@ -1,4 +1,4 @@
-"""Errors of the shard formats and the image decoder."""
+"""Errors of the shard formats (``ShardError``) and of image decoding (``DecodeError``, from ``data.decode``)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
             problems.append(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
     if problems:
         return problems
-    from pytorchtricks.shards.jpeg import decode_image
+    from pytorchtricks.data.decode import decode_image
 
     def check(payload: Any, where: str, i: int) -> None:
         if decode and not hasattr(payload, "shape"):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import NoEffectWarning, PttError, config_or_keywords
+from pytorchtricks.data.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards import layout
 from pytorchtricks.shards._pool import WorkerDied, ordered_map
 from pytorchtricks.shards.layout import parse_bytes
@@ -29,7 +30,6 @@ from pytorchtricks.shards.lmdb_format import LmdbWriter, lmdb_index
 from pytorchtricks.shards.ptt_format import ptt_index, write_ptt_shard
 from pytorchtricks.shards.record import encode_record
 from pytorchtricks.shards.remote import is_url, scrub_url
-from pytorchtricks.shards.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards.tar_format import tar_sample_members, write_tar_shard
 
 FORMATS = ("ptt", "tar", "lmdb")
@@ -505,8 +505,8 @@ def _boxes_follow(
     A detection ``target`` carries its annotated ``size``; the stored size must be that or what ``--resize`` /
     ``--max-side`` make of it (else ``ValueError``: the file and its annotation disagree). A list's ``boxes`` column
     (pixels, ``[x, y, x2|w, y2|h]``) is scaled by the stored size over the file's own header size."""
+    from pytorchtricks.data.decode import image_size
     from pytorchtricks.data.detection_pack import scale_boxes_json, scale_target_json
-    from pytorchtricks.shards.jpeg import image_size
 
     stored = (int(info[0]), int(info[1])) if kind == "raw" else image_size(payload)
     if "target" in extras:
@@ -514,9 +514,9 @@ def _boxes_follow(
         h0, w0 = t["size"]
         if stored == (h0, w0):
             return extras
-        from pytorchtricks.shards.sources import _target_hw
+        from pytorchtricks.data.sources import target_hw
 
-        if stored != (_target_hw(h0, w0, *resize) or (h0, w0)):
+        if stored != (target_hw(h0, w0, *resize) or (h0, w0)):
             raise ValueError(
                 f"the stored image is {stored[1]}x{stored[0]} (WxH) but its annotation says {w0}x{h0}: "
                 "the file and the annotation disagree (EXIF rotation?)"
@@ -601,10 +601,10 @@ def _finish(
 
         rejected = {r["path"] for r in manifest["rejects"]}
         kept = [e["target"] for r, e in zip(source.rel, source.extras, strict=True) if r not in rejected]
-        from pytorchtricks.shards.sources import _target_hw
+        from pytorchtricks.data.sources import target_hw
 
         r = (options.get("resize"), options.get("max_side"))
-        sizes = [_target_hw(t["size"][0], t["size"][1], *r) or tuple(t["size"]) for t in kept]
+        sizes = [target_hw(t["size"][0], t["size"][1], *r) or tuple(t["size"]) for t in kept]
         manifest["detection"] = pack_summary(kept, source.detection, sizes)
     if fmt == "tar" and files:
         manifest["pattern"] = layout.brace_pattern(len(files))

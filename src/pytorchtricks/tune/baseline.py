@@ -15,12 +15,8 @@ from typing import Any
 import torch
 
 from pytorchtricks.core import PttError, require
+from pytorchtricks.data.normalization import IMAGENET_MEAN, IMAGENET_MEAN_PX, IMAGENET_STD, IMAGENET_STD_PX
 
-# ImageNet statistics, in [0, 1] units (torchvision) and in pixel units (uint8 batches)
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-MEAN_PX = tuple(255 * m for m in MEAN)
-STD_PX = tuple(255 * s for s in STD)
 DEFAULT_WORKERS = 2  # the baseline loader's workers when the user does not say (the common script's -j 2)
 
 
@@ -42,7 +38,7 @@ def user_loader(
 
     if not os.path.isdir(root):
         raise PttError(f"{root!r} is not a folder; pass an image folder (root/<class>/<image>).")
-    mean, std = (MEAN, STD) if channels == 3 else ((0.5,), (0.5,))
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,), (0.5,))
     gray = [tf.Grayscale(num_output_channels=1)] if channels == 1 else []
     if train:
         steps = [tf.RandomResizedCrop(size), tf.RandomHorizontalFlip()]
@@ -74,5 +70,5 @@ def normalize(x: torch.Tensor, device: torch.device, *, channels_last: bool = Fa
     x = x.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         gray = x.shape[1] == 1
-        x = batch_normalize(x, (127.5,) if gray else MEAN_PX, (127.5,) if gray else STD_PX)
+        x = batch_normalize(x, (127.5,) if gray else IMAGENET_MEAN_PX, (127.5,) if gray else IMAGENET_STD_PX)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x

@@ -34,7 +34,7 @@ def builtin_root(cache_dir: str) -> str:
     """The built-in detection set: ``BUILTIN_PHOTOS`` high-resolution crops of the Debian wallpapers (>= 2 MP, at
     native resolution) with 1-8 seeded boxes each, as a COCO instances JSON; built once under ``cache_dir``.
     Returns the annotation file (``open_detection`` reads the images beside it)."""
-    from pytorchtricks.shards.photoset import build_photo_set, coco_with_boxes
+    from pytorchtricks.data.photoset import build_photo_set, coco_with_boxes
 
     root = os.path.join(cache_dir, f"tune-detection-{BUILTIN_PHOTOS}-{BUILTIN_SEED}")
     ann = os.path.join(root, "annotations.json")

@@ -94,9 +94,9 @@ def default_image_folder(*, count: int = DEFAULT_PHOTOS, root: str | None = None
     """Build (once, cached) the built-in image set; returns ``(folder, description)``.
 
     The seed's case in miniature: ``count`` high-resolution photos (crops of at least ``DEFAULT_MIN_MP``
-    megapixels of the Debian wallpapers at native resolution, ``shards.photoset``), one class per source package.
+    megapixels of the Debian wallpapers at native resolution, ``data.photoset``), one class per source package.
     """
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.data.photoset import build_photo_set
 
     folder = os.path.join(root or cache_root(), f"tune-photos-{count}-{DEFAULT_MIN_MP:g}mp")
     summary = build_photo_set(folder, count, min_mp=DEFAULT_MIN_MP, workers=2)

@@ -12,7 +12,7 @@ import torch
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
-from pytorchtricks.shards.jpeg import decode_image
+from pytorchtricks.data.decode import decode_image
 from pytorchtricks.tricks.data.cache_in_ram import (
     ArenaInfo,
     CachedDataset,

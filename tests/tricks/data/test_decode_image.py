@@ -10,9 +10,9 @@ from PIL import Image
 
 import pytorchtricks as ptt
 from pytorchtricks.core import PttError
+from pytorchtricks.data.decode import available_backends, dct_scale
+from pytorchtricks.data.photoset import wallpaper_sources
 from pytorchtricks.shards.errors import DecodeError
-from pytorchtricks.shards.jpeg import available_backends, dct_scale
-from pytorchtricks.shards.photoset import wallpaper_sources
 
 BACKENDS = available_backends()
 
@@ -38,7 +38,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_backends_found():
     assert "pil" in BACKENDS and "pil-draft" in BACKENDS
-    assert ptt.decode_image.__module__ == "pytorchtricks.shards.jpeg"
+    assert ptt.decode_image.__module__ == "pytorchtricks.data.decode"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

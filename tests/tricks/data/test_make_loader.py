@@ -13,7 +13,8 @@ from PIL import Image
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError, PttWarning
-from pytorchtricks.data.images import resize_hwc, rrc_box
+from pytorchtricks.data.decode import resize_array
+from pytorchtricks.data.images import rrc_box
 from pytorchtricks.tricks.data.make_loader import _photo_bytes, make_loader
 
 N = 37  # prime: no batch size or world size divides it
@@ -148,7 +149,7 @@ def test_decoded_crop_written_into_the_batch_equals_the_plain_path():
         into = maker(img, sample_rng(0, 0, i), out=slot)
         assert into is slot and np.array_equal(slot, plain)
         t, lf, h, w = rrc_box(37, 45, (0.08, 1.0), (3 / 4, 4 / 3), sample_rng(0, 0, i))
-        unflipped = resize_hwc(img.permute(1, 2, 0).numpy()[t : t + h, lf : lf + w], (16, 20))
+        unflipped = resize_array(img.permute(1, 2, 0).numpy()[t : t + h, lf : lf + w], (16, 20))
         flips += not np.array_equal(plain, unflipped)
         assert np.array_equal(plain, unflipped) or np.array_equal(plain, unflipped[:, ::-1])
     assert 5 < flips < 25

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 import pytorchtricks as ptt
-import pytorchtricks.shards.jpeg as jpeg
 from pytorchtricks.core import PttError, PttWarning
-from pytorchtricks.shards.photoset import wallpaper_sources
+from pytorchtricks.data import decode
+from pytorchtricks.data.photoset import wallpaper_sources
 from pytorchtricks.tricks.data.make_loader import make_loader
 
 pytestmark = pytest.mark.filterwarnings(
@@ -102,13 +102,13 @@ def test_eval_geometry_is_torchvisions_exactly_with_the_pil_decoder(photos):
 
 def test_eval_decodes_at_the_largest_dct_scale_keeping_the_short_side(photos, monkeypatch):
     chosen: list[int] = []
-    real = jpeg.dct_scale
+    real = decode.dct_scale
 
     def spy(crop_hw: tuple[int, int], target_hw: tuple[int, int] | None) -> int:
         chosen.append(real(crop_hw, target_hw))
         return chosen[-1]
 
-    monkeypatch.setattr(jpeg, "dct_scale", spy)
+    monkeypatch.setattr(decode, "dct_scale", spy)
     next(iter(make_loader(photos, len(photos), crop=224, mode="eval", num_workers=0, backend="simplejpeg")))
     want = [next((d for d in (8, 4, 2) if min(w, h) / d >= 256), 1) for w, h in SIZES]
     assert chosen == want == [8, 4, 4, 2, 4, 2, 1, 1, 1]

@@ -10,14 +10,14 @@ import pytest
 
 import pytorchtricks as ptt
 from pytorchtricks.core import NoEffectWarning, PttError
-from pytorchtricks.shards.photoset import wallpaper_sources
+from pytorchtricks.data.photoset import wallpaper_sources
 
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     if not wallpaper_sources():
         pytest.skip("Debian wallpaper packages not installed (make system-deps)")
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.data.photoset import build_photo_set
 
     root = tmp_path_factory.mktemp("photos")
     build_photo_set(root, 24, seed=1, workers=1, max_sources=3)

@@ -37,8 +37,8 @@ def photos_160(tmp_path_factory: pytest.TempPathFactory) -> list[torch.Tensor]:
 
     Built once per session from the Debian wallpapers (``make system-deps``): 64 distinct crops, fixed seed.
     """
+    from pytorchtricks.data.photoset import build_photo_set, wallpaper_sources
     from pytorchtricks.infer.pipeline import load_calibration
-    from pytorchtricks.shards.photoset import build_photo_set, wallpaper_sources
 
     if not wallpaper_sources():
         pytest.skip("Debian wallpaper packages not installed (make system-deps)")

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_or_keywords
+from pytorchtricks.data.decode import decode_image, image_size, resize_array
 from pytorchtricks.data.folder import JpegFolder
-from pytorchtricks.data.images import is_encoded, read_item, resize_hwc, to_hwc
-from pytorchtricks.shards.jpeg import decode_image, image_size
+from pytorchtricks.data.images import is_encoded, read_item, to_hwc
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tricks.data._arena import (
     DEFAULT_DIR,
@@ -104,7 +104,7 @@ def _decoded(raw: Any, size: int | None) -> np.ndarray:
         h, w = image_size(raw)
         return np.ascontiguousarray(decode_image(raw, size=_short_side(h, w, size)))
     arr = to_hwc(raw)
-    return np.ascontiguousarray(resize_hwc(arr, _short_side(arr.shape[0], arr.shape[1], size)))
+    return np.ascontiguousarray(resize_array(arr, _short_side(arr.shape[0], arr.shape[1], size)))
 
 
 def _free_bytes(cache_dir: str) -> int:

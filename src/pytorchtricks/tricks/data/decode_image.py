@@ -12,7 +12,7 @@ Caveats: the scaled image differs from full decode + resize by a few grey levels
 orientation is ignored by every backend; non-JPEG inputs decode at full size through Pillow. The window path
 compiles a small C shim at first use (needs a C compiler and the libjpeg-turbo headers, ``make system-deps``);
 without them, and for progressive JPEGs or odd subsamplings, the whole image is decoded (counted in
-``shards.jpeg.decode_stats()``; the data doctor reports it).
+``data.decode.decode_stats()``; the data doctor reports it).
 See also: pack, make_loader, 预处理提速 / 解码加速.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import BenchCase, TrickInfo
-from pytorchtricks.shards.jpeg import (
+from pytorchtricks.data.decode import (
     available_backends,
     decode_image,
     fallback_backend,
@@ -41,7 +41,7 @@ def _sample_jpegs(n: int, side: int) -> list[bytes]:
     """Real-photo JPEGs: crops of an installed wallpaper when present, else a smooth synthetic scene."""
     from PIL import Image
 
-    from pytorchtricks.shards.photoset import wallpaper_sources
+    from pytorchtricks.data.photoset import wallpaper_sources
 
     src = wallpaper_sources()
     rng = np.random.default_rng(0)

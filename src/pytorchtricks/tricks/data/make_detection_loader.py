@@ -162,8 +162,8 @@ def _sizes(dataset: Any) -> np.ndarray:
     """Every image's ``(h, w)`` for aspect grouping: the annotations' sizes, else each sample's header."""
     if hasattr(dataset, "image_hw"):
         return np.array([dataset.image_hw(i) for i in range(len(dataset))], np.int64).reshape(-1, 2)
+    from pytorchtricks.data.decode import image_size
     from pytorchtricks.data.detection_loader import read_detection_item
-    from pytorchtricks.shards.jpeg import image_size
 
     out = []
     for i in range(len(dataset)):

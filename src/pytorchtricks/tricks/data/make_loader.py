@@ -28,7 +28,8 @@ import torch
 
 from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
 from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker
-from pytorchtricks.data.images import SampleMaker, resize_hwc, rrc_box, sample_rng
+from pytorchtricks.data.decode import resize_array
+from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
 __all__ = ["LoaderConfig", "make_loader"]
@@ -440,7 +441,7 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
             rng = sample_rng(0, 0, i)
             t, lf, h, w = rrc_box(arr.shape[0], arr.shape[1], (0.08, 1.0), (3 / 4, 4 / 3), rng)
             out.append(
-                torch.from_numpy(resize_hwc(arr[t : t + h, lf : lf + w], (crop, crop)))
+                torch.from_numpy(resize_array(arr[t : t + h, lf : lf + w], (crop, crop)))
                 .permute(2, 0, 1)
                 .float()
             )

@@ -108,7 +108,7 @@ TUNE = (
 
 def _loose_files(root: str, n: int) -> str:
     """An ImageFolder of ``n`` real-photo JPEGs (wallpaper crops), built deterministically."""
-    from pytorchtricks.shards.photoset import build_photo_set
+    from pytorchtricks.data.photoset import build_photo_set
 
     build_photo_set(root, n, seed=0, workers=1, max_sources=6)
     return root
@@ -118,8 +118,8 @@ def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:
     """Read N samples (bytes + label) from loose files vs from a packed ptt dataset, in a random order."""
     import numpy as np
 
+    from pytorchtricks.data.sources import list_source
     from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.shards.sources import list_source
 
     n = 64 if size == "smoke" else 2000
     work = tempfile.mkdtemp(prefix="ptt-pack-bench-")

@@ -4,7 +4,7 @@ A JPEG stores 8x8 DCT blocks; libjpeg can reconstruct them at 1/2, 1/4 or 1/8 re
 frequencies, which skips most of the inverse DCT and colour conversion. When the caller knows the output size (and
 the crop, for RandomResizedCrop), the largest scale whose scaled crop is still at least the target loses nothing
 visible and decodes several times faster. Backends: ``roi`` (the default where it works: a crop that is a real
-sub-window decodes only that window's rows and iMCU columns at the scale, through ``shards.jpeg_roi``; progressive
+sub-window decodes only that window's rows and iMCU columns at the scale, through ``data.decode_roi``; progressive
 JPEGs, other subsamplings and colour spaces, and whole-image decodes go to the next backend), ``simplejpeg`` and
 ``opencv`` (libjpeg-turbo), ``pil-draft`` (Pillow's ``Image.draft``), ``turbojpeg`` (PyTurboJPEG, when importable)
 and plain ``pil`` (full decode, the reference). Non-JPEG inputs (PNG, WebP, ...) go through Pillow at full size.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError, PttWarning
-from pytorchtricks.shards import jpeg_roi
+from pytorchtricks.data import decode_roi
 from pytorchtricks.shards.errors import DecodeError
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in original-image pixels
@@ -183,21 +183,45 @@ def _scaled_box(box: Box, h0: int, w0: int, hs: int, ws: int) -> tuple[int, int,
     return t, lf, b, r
 
 
-def resize_array(arr: np.ndarray, hw: tuple[int, int], *, area: bool | None = None) -> np.ndarray:
-    """Resize HWC uint8 to ``hw``. ``area=None``: area averaging when shrinking by 2x or more, else bilinear
-    (after a DCT-scaled decode the remaining factor is below 2, where OpenCV's area filter costs ~10x bilinear
-    for little gain); ``area=True`` always averages (pack time, where quality beats speed)."""
+def resize_array(
+    arr: np.ndarray, hw: tuple[int, int], *, area: bool | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Resize HWC uint8 to ``hw``: the one resize policy of the decoders, the loaders, the cache and pack.
+
+    ``area=None``: area averaging when shrinking by 2x or more on both sides, else bilinear (after a DCT-scaled
+    decode the remaining factor is below 2, where OpenCV's area filter costs ~10x bilinear for little gain);
+    ``area=True`` averages whenever it shrinks (pack time, where quality beats speed); ``area=False`` is always
+    bilinear. Without OpenCV, Pillow's bilinear. Written into ``out`` (a slot of a batch buffer: no extra copy)
+    when given; otherwise a C-contiguous array (``arr`` itself when it already is one of size ``hw``).
+
+    Example:
+        >>> resize_array(np.zeros((48, 64, 3), np.uint8), (24, 32)).shape
+        (24, 32, 3)
+    """
     if arr.shape[0] == hw[0] and arr.shape[1] == hw[1]:
-        return np.ascontiguousarray(arr)
+        if out is None:
+            return np.ascontiguousarray(arr)
+        out[...] = arr
+        return out
     try:
         import cv2
     except ImportError:
         from PIL import Image
 
-        return np.asarray(Image.fromarray(arr).resize((hw[1], hw[0]), Image.Resampling.BILINEAR))
+        res = np.asarray(
+            Image.fromarray(np.ascontiguousarray(arr)).resize((hw[1], hw[0]), Image.Resampling.BILINEAR)
+        )
+        if out is None:
+            return res
+        out[...] = res
+        return out
     shrink = min(arr.shape[0] / hw[0], arr.shape[1] / hw[1])
     use_area = shrink >= 2 if area is None else (area and shrink > 1)
-    return cv2.resize(arr, (hw[1], hw[0]), interpolation=cv2.INTER_AREA if use_area else cv2.INTER_LINEAR)
+    mode = cv2.INTER_AREA if use_area else cv2.INTER_LINEAR
+    if out is not None:
+        cv2.resize(arr, (hw[1], hw[0]), dst=out, interpolation=mode)
+        return out
+    return cv2.resize(arr, (hw[1], hw[0]), interpolation=mode)
 
 
 def _finish(arr: np.ndarray, box: Box, h0: int, w0: int, target: tuple[int, int] | None) -> np.ndarray:
@@ -291,8 +315,8 @@ def _roi(buf: Any, box: Box | None, target: tuple[int, int] | None) -> np.ndarra
     if (t, lf, b, r) == (0, 0, hs, ws):  # the whole image: nothing to skip
         return fallback(buf, box, target)
     try:
-        win = jpeg_roi.decode_window(buf, d, t, b, max(0, lf - 1), min(ws, r + 1))
-    except jpeg_roi.Refused as exc:
+        win = decode_roi.decode_window(buf, d, t, b, max(0, lf - 1), min(ws, r + 1))
+    except decode_roi.Refused as exc:
         _count_fallback(exc.reason)
         return fallback(buf, box, target)
     except OSError:
@@ -332,7 +356,7 @@ def backend_works(name: str) -> bool:
     if name not in _IMPL:
         return False
     if name == "roi":  # the shim builds and decodes a window, and there is a backend for what it refuses
-        return jpeg_roi.works() and _fallback_or_none() is not None
+        return decode_roi.works() and _fallback_or_none() is not None
     try:
         from PIL import Image
 
@@ -349,7 +373,7 @@ def available_backends() -> list[str]:
     """Backends that work here, fastest first (the first is what ``backend="auto"`` uses).
 
     Example:
-        >>> from pytorchtricks.shards.jpeg import available_backends
+        >>> from pytorchtricks.data.decode import available_backends
         >>> "pil" in available_backends()
         True
     """
@@ -375,9 +399,9 @@ def auto_backend() -> str:
     if not found:
         raise PttError("no image decoder works: install Pillow (`pip install 'pytorchtricks[data]'`).")
     if found[0] != "roi":  # said once per process; the decode itself goes on, on the whole-image path
+        why = decode_roi.unavailable_reason() or "it failed its probe"
         warnings.warn(
-            f"the region-of-interest JPEG decode is off here ({jpeg_roi.unavailable_reason() or 'it failed its probe'}"
-            f"); crops decode the whole image with {found[0]}.",
+            f"the region-of-interest JPEG decode is off here ({why}); crops decode the whole image with {found[0]}.",
             PttWarning,
             stacklevel=3,
         )
@@ -449,7 +473,7 @@ def decode_scaled(
     Scaled pixel ``j`` covers original pixels ``[j * denom, (j + 1) * denom)``; ``pixels[0, 0]`` is scaled pixel
     ``(top, left)``. With ``box`` (``top, left, height, width`` in original pixels, fractional allowed) only the
     rows and iMCU columns holding it, plus one scaled pixel of margin for interpolation, are decoded (the window
-    path of ``shards.jpeg_roi``); what it refuses decodes the whole image at the scale. Non-JPEG input (no DCT
+    path of ``data.decode_roi``); what it refuses decodes the whole image at the scale. Non-JPEG input (no DCT
     scaling) is decoded at full size and averaged down to the same grid. This is the decode a geometry plan (``data.geometry``) warps from:
     one resample from the DCT grid to the output, whatever the crop, pad, flip or scale.
 
@@ -482,11 +506,11 @@ def decode_scaled(
             r = min(ws, math.ceil((box[1] + box[3]) / denom) + 1)
             if b > t and r > lf and (t, lf, b, r) != (0, 0, hs, ws):
                 try:
-                    win = jpeg_roi.decode_window(buf, denom, t, b, lf, r)
+                    win = decode_roi.decode_window(buf, denom, t, b, lf, r)
                     _STATS["window"] += 1
                     _count(win.pixels.shape[0] * win.pixels.shape[1])
                     return win.pixels, t, win.x0, denom
-                except jpeg_roi.Refused as exc:
+                except decode_roi.Refused as exc:
                     _count_fallback(exc.reason)
                 except OSError:
                     _count_fallback("unavailable")

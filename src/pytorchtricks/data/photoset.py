@@ -4,7 +4,7 @@ About fifty large wallpaper photos (``lomiri-wallpapers-*``, ``mate-backgrounds`
 become thousands of distinct natural JPEGs: random crops (area 5-100%, aspect 3:4-4:3, random flip), resized to a
 long side of 512-1024 px and re-encoded at quality 80-95, all drawn from a generator seeded by (seed, item index).
 Classes are the source package: ``lomiri``, ``mate``, ``plasma``. Same seed and count -> the same files, byte for
-byte, on the same Pillow/libjpeg build. Run ``make data`` (or ``python -m pytorchtricks.shards.photoset DST``).
+byte, on the same Pillow/libjpeg build. Run ``make data`` (or ``python -m pytorchtricks.data.photoset DST``).
 With ``min_mp`` the set is high-resolution instead: crops of at least that many megapixels kept at the photo's
 native resolution (no resize), as a camera would deliver them - the seed's case (``ptt tune``'s default workload).
 """
@@ -239,7 +239,7 @@ def coco_with_boxes(photos: str, ann: str, seed: int = 0) -> str:
 
     import numpy as np
 
-    from pytorchtricks.shards.jpeg import image_size
+    from pytorchtricks.data.decode import image_size
 
     if os.path.exists(ann):
         return ann

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pytorchtricks.shards import jpeg, jpeg_roi
+from pytorchtricks.data import decode, decode_roi
+from pytorchtricks.data.photoset import wallpaper_sources
 from pytorchtricks.shards.errors import DecodeError
-from pytorchtricks.shards.photoset import wallpaper_sources
 
 TARGET = (224, 224)
 # The loss of the decode path itself (DCT-scaled decode + one bilinear resize, vs a full-size decode + area resize):
@@ -92,8 +92,8 @@ def _psnr_db(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _needs_roi() -> None:
-    if not jpeg.backend_works("roi"):
-        pytest.skip(f"the JPEG window shim does not build here: {jpeg_roi.unavailable_reason()}")
+    if not decode.backend_works("roi"):
+        pytest.skip(f"the JPEG window shim does not build here: {decode_roi.unavailable_reason()}")
 
 
 # ---------------------------------------------------------------------------------------- window maths
@@ -101,20 +101,20 @@ def _needs_roi() -> None:
 
 def test_imcu_alignment_per_sampling_and_scale() -> None:
     # iMCU width = 8/d output pixels per block x the luma h sampling factor (1 for 4:4:4 and 4:4:0, 2 for 4:2:x)
-    assert [jpeg_roi.imcu_align(2, d, False) for d in (1, 2, 4, 8)] == [16, 8, 4, 2]
-    assert [jpeg_roi.imcu_align(1, d, False) for d in (1, 2, 4, 8)] == [8, 4, 2, 1]
-    assert jpeg_roi.imcu_align(2, 1, True) == 8  # grey: one component, its own blocks
+    assert [decode_roi.imcu_align(2, d, False) for d in (1, 2, 4, 8)] == [16, 8, 4, 2]
+    assert [decode_roi.imcu_align(1, d, False) for d in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert decode_roi.imcu_align(2, 1, True) == 8  # grey: one component, its own blocks
     for left in range(0, 70):
-        x0, width = jpeg_roi.aligned_window(left, 10, 16)
+        x0, width = decode_roi.aligned_window(left, 10, 16)
         assert x0 % 16 == 0 and x0 <= left < x0 + 16 and x0 + width == left + 10
 
 
 def test_scale_choice_keeps_the_crop_at_least_the_target() -> None:
     for d, side in SIDE_FOR_SCALE.items():
-        assert jpeg.dct_scale((side, side), TARGET) == d
-    assert jpeg.dct_scale((1792, 1792), TARGET) == 8 and jpeg.dct_scale((1791, 4000), TARGET) == 4
-    assert jpeg.dct_scale((448, 5000), TARGET) == 2 and jpeg.dct_scale((447, 5000), TARGET) == 1
-    assert jpeg.dct_scale((100, 100), TARGET) == 1 and jpeg.dct_scale((5000, 5000), None) == 1
+        assert decode.dct_scale((side, side), TARGET) == d
+    assert decode.dct_scale((1792, 1792), TARGET) == 8 and decode.dct_scale((1791, 4000), TARGET) == 4
+    assert decode.dct_scale((448, 5000), TARGET) == 2 and decode.dct_scale((447, 5000), TARGET) == 1
+    assert decode.dct_scale((100, 100), TARGET) == 1 and decode.dct_scale((5000, 5000), None) == 1
 
 
 def test_scaled_box_stays_inside_the_scaled_image_at_the_edges() -> None:
@@ -122,7 +122,7 @@ def test_scaled_box_stays_inside_the_scaled_image_at_the_edges() -> None:
     for d in (1, 2, 4, 8):
         hs, ws = -(-h0 // d), -(-w0 // d)
         for box in [*_boxes(h0, w0, SIDE_FOR_SCALE[d]), (h0 - 1, w0 - 1, 1, 1), (0, 0, 1, 1)]:
-            t, lf, b, r = jpeg._scaled_box(box, h0, w0, hs, ws)
+            t, lf, b, r = decode._scaled_box(box, h0, w0, hs, ws)
             assert 0 <= t < b <= hs and 0 <= lf < r <= ws
             assert t <= box[0] / d and b >= (box[0] + box[2]) / d - 1e-9  # covers the crop
 
@@ -135,17 +135,17 @@ def test_window_equals_whole_image_decode_at_every_scale(photo: np.ndarray, samp
     _needs_roi()
     data = _encode(photo, sampling)
     h, w = photo.shape[:2]
-    before = jpeg.decode_stats()
+    before = decode.decode_stats()
     n, scales = 0, set()
     for side in SIDE_FOR_SCALE.values():
         for box in _boxes(h, w, side):
-            d = jpeg.dct_scale((box[2], box[3]), TARGET)
+            d = decode.dct_scale((box[2], box[3]), TARGET)
             scales.add(d)
-            got = jpeg.decode_image(data, size=TARGET, crop=box, backend="roi")
-            want = jpeg.decode_image(data, size=TARGET, crop=box, backend="simplejpeg")
+            got = decode.decode_image(data, size=TARGET, crop=box, backend="roi")
+            want = decode.decode_image(data, size=TARGET, crop=box, backend="simplejpeg")
             np.testing.assert_array_equal(got, want, err_msg=f"{sampling} 1/{d} {box}")
             n += 1
-    after = jpeg.decode_stats()
+    after = decode.decode_stats()
     assert scales == {1, 2, 4, 8}
     assert after["window"] - before["window"] == n  # every one went through the window, none fell back
     assert after["fallback"] == before["fallback"]
@@ -165,15 +165,15 @@ def test_window_psnr_vs_full_size_decode(photo: np.ndarray, sampling: str) -> No
     for d, side in SIDE_FOR_SCALE.items():
         for t, lf, bh, bw in _boxes(h, w, side)[:6]:
             ref = cv2.resize(full[t : t + bh, lf : lf + bw], TARGET[::-1], interpolation=cv2.INTER_AREA)
-            got = jpeg.decode_image(data, size=TARGET, crop=(t, lf, bh, bw), backend="roi")
+            got = decode.decode_image(data, size=TARGET, crop=(t, lf, bh, bw), backend="roi")
             assert _psnr_db(got, ref) >= PSNR_MIN_DB, (sampling, d, (t, lf, bh, bw))
 
 
 def test_window_without_a_target_is_the_exact_crop(photo: np.ndarray) -> None:
     _needs_roi()
     data = _encode(photo[:300, :400], "4:2:0")
-    full = jpeg.decode_image(data, backend="simplejpeg")
-    got = jpeg.decode_image(data, crop=(17, 33, 101, 203), backend="roi")
+    full = decode.decode_image(data, backend="simplejpeg")
+    got = decode.decode_image(data, crop=(17, 33, 101, 203), backend="roi")
     np.testing.assert_array_equal(got, full[17:118, 33:236])
 
 
@@ -181,13 +181,13 @@ def test_decoded_pixels_fall_with_the_window(photo: np.ndarray) -> None:
     _needs_roi()
     data = _encode(photo, "4:2:0")
     box = (600, 800, 300, 300)  # 1/1 scale (300 < 448): the whole image would be 4.6 MP
-    jpeg.reset_decode_stats()
-    jpeg.decode_image(data, size=TARGET, crop=box, backend="roi")
-    win_px = jpeg.decode_stats()["decoded_px"]
-    jpeg.reset_decode_stats()
-    jpeg.decode_image(data, size=TARGET, crop=box, backend="simplejpeg")
-    assert jpeg.decode_stats()["decoded_px"] == 1901 * 2411
-    assert 300 * 302 <= win_px <= 300 * (302 + jpeg_roi.MAX_ALIGN)  # the crop, its margin and iMCU widening
+    decode.reset_decode_stats()
+    decode.decode_image(data, size=TARGET, crop=box, backend="roi")
+    win_px = decode.decode_stats()["decoded_px"]
+    decode.reset_decode_stats()
+    decode.decode_image(data, size=TARGET, crop=box, backend="simplejpeg")
+    assert decode.decode_stats()["decoded_px"] == 1901 * 2411
+    assert 300 * 302 <= win_px <= 300 * (302 + decode_roi.MAX_ALIGN)  # the crop, its margin and iMCU widening
 
 
 # ---------------------------------------------------------------------------------------- fallbacks
@@ -201,38 +201,38 @@ def test_fallbacks_decode_on_the_usual_path_and_count(photo: np.ndarray, kind: s
     _needs_roi()
     small = photo[:480, :640]
     data = _encode(small, "4:2:0", progressive=True) if kind == "progressive" else _encode(small, kind)
-    with pytest.raises(jpeg_roi.Refused) as info:
-        jpeg_roi.decode_window(data, 1, 10, 50, 20, 90)
+    with pytest.raises(decode_roi.Refused) as info:
+        decode_roi.decode_window(data, 1, 10, 50, 20, 90)
     assert info.value.reason == reason
-    jpeg.reset_decode_stats()
+    decode.reset_decode_stats()
     box = (40, 60, 200, 300)
-    got = jpeg.decode_image(data, size=(112, 112), crop=box, backend="roi")
-    want = jpeg.decode_image(data, size=(112, 112), crop=box, backend=jpeg.fallback_backend())
+    got = decode.decode_image(data, size=(112, 112), crop=box, backend="roi")
+    want = decode.decode_image(data, size=(112, 112), crop=box, backend=decode.fallback_backend())
     np.testing.assert_array_equal(got, want)
-    stats = jpeg.decode_stats()
+    stats = decode.decode_stats()
     assert stats["fallback"] == {reason: 1} and stats["window"] == 0
 
 
 def test_corrupt_jpeg_falls_back_and_raises_decode_error(photo: np.ndarray) -> None:
     _needs_roi()
     data = _encode(photo[:480, :640], "4:2:0")
-    jpeg.reset_decode_stats()
+    decode.reset_decode_stats()
     with pytest.raises(DecodeError):  # truncated: libjpeg warns (premature end); the strict path then refuses
-        jpeg.decode_image(data[: len(data) // 2], size=(64, 64), crop=(300, 0, 150, 150), backend="roi")
-    assert jpeg.decode_stats()["fallback"] == {"corrupt": 1}
-    with pytest.raises(jpeg_roi.Refused, match="window"):
-        jpeg_roi.decode_window(data, 1, 0, 10, 600, 700)  # outside the 640 columns
+        decode.decode_image(data[: len(data) // 2], size=(64, 64), crop=(300, 0, 150, 150), backend="roi")
+    assert decode.decode_stats()["fallback"] == {"corrupt": 1}
+    with pytest.raises(decode_roi.Refused, match="window"):
+        decode_roi.decode_window(data, 1, 0, 10, 600, 700)  # outside the 640 columns
 
 
 def test_whole_image_decode_is_not_a_window(photo: np.ndarray) -> None:
     _needs_roi()
     data = _encode(photo[:480, :640], "4:2:0")
-    jpeg.reset_decode_stats()
+    decode.reset_decode_stats()
     np.testing.assert_array_equal(
-        jpeg.decode_image(data, size=(120, 160), backend="roi"),
-        jpeg.decode_image(data, size=(120, 160), backend="simplejpeg"),
+        decode.decode_image(data, size=(120, 160), backend="roi"),
+        decode.decode_image(data, size=(120, 160), backend="simplejpeg"),
     )
-    assert jpeg.decode_stats()["window"] == 0 and jpeg.decode_stats()["fallback"] == {}
+    assert decode.decode_stats()["window"] == 0 and decode.decode_stats()["fallback"] == {}
 
 
 def test_no_compiler_falls_back_counted(
@@ -241,36 +241,36 @@ def test_no_compiler_falls_back_counted(
     data = _encode(photo[:480, :640], "4:2:0")
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    jpeg_roi.reset()
+    decode_roi.reset()
     try:
-        assert jpeg_roi.window_decoder() is None
-        assert "no-such-cc" in jpeg_roi.unavailable_reason() or "compil" in jpeg_roi.unavailable_reason()
-        jpeg.reset_decode_stats()
-        got = jpeg.decode_image(data, size=(64, 64), crop=(100, 100, 200, 200), backend="roi")
-        want = jpeg.decode_image(data, size=(64, 64), crop=(100, 100, 200, 200), backend="simplejpeg")
+        assert decode_roi.window_decoder() is None
+        assert "no-such-cc" in decode_roi.unavailable_reason() or "compil" in decode_roi.unavailable_reason()
+        decode.reset_decode_stats()
+        got = decode.decode_image(data, size=(64, 64), crop=(100, 100, 200, 200), backend="roi")
+        want = decode.decode_image(data, size=(64, 64), crop=(100, 100, 200, 200), backend="simplejpeg")
         np.testing.assert_array_equal(got, want)
-        assert jpeg.decode_stats()["fallback"] == {"unavailable": 1}
+        assert decode.decode_stats()["fallback"] == {"unavailable": 1}
     finally:
-        jpeg_roi.reset()
+        decode_roi.reset()
 
 
 def test_build_is_atomic_and_shared_by_concurrent_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_threads: Any
 ) -> None:
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path))
-    path = jpeg_roi.library_path()
+    path = decode_roi.library_path()
     assert path.startswith(str(tmp_path))
-    errors = run_threads(lambda: jpeg_roi.build(path), 3)
+    errors = run_threads(lambda: decode_roi.build(path), 3)
     if errors and "compil" in str(errors[0]):
         pytest.skip(f"no C compiler / libjpeg headers here: {errors[0]}")
     assert not errors
     folder = Path(path).parent
     assert sorted(p.name for p in folder.iterdir()) == sorted([Path(path).name, Path(path).name + ".lock"])
-    jpeg_roi.reset()
+    decode_roi.reset()
     try:
-        assert jpeg_roi.window_decoder() is not None and jpeg_roi.unavailable_reason() == ""
+        assert decode_roi.window_decoder() is not None and decode_roi.unavailable_reason() == ""
     finally:
-        jpeg_roi.reset()
+        decode_roi.reset()
 
 
 # ---------------------------------------------------------------------------------------- crop boxes
@@ -318,9 +318,9 @@ def test_loader_batches_identical_with_and_without_the_window(photo: np.ndarray)
 
     _needs_roi()
     data = [(_encode(photo[: 1901 - 97 * k, : 2411 - 131 * k], "4:2:0"), k % 2) for k in range(8)]
-    jpeg.reset_decode_stats()
+    decode.reset_decode_stats()
     a = list(make_loader(data, 4, num_workers=0, seed=3, backend="roi"))
-    assert jpeg.decode_stats()["window"] > 0
+    assert decode.decode_stats()["window"] > 0
     b = list(make_loader(data, 4, num_workers=0, seed=3, backend="simplejpeg"))
     assert len(a) == len(b) == 2
     for (xa, ya), (xb, yb) in zip(a, b):
@@ -329,12 +329,12 @@ def test_loader_batches_identical_with_and_without_the_window(photo: np.ndarray)
 
 def test_a_folder_others_can_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path))
-    folder = Path(jpeg_roi.library_path()).parent
+    folder = Path(decode_roi.library_path()).parent
     folder.mkdir(parents=True)
     folder.chmod(0o777)  # world-writable: someone else could plant the library
-    jpeg_roi.reset()
+    decode_roi.reset()
     try:
-        assert jpeg_roi.window_decoder() is None
-        assert "not private" in jpeg_roi.unavailable_reason()
+        assert decode_roi.window_decoder() is None
+        assert "not private" in decode_roi.unavailable_reason()
     finally:
-        jpeg_roi.reset()
+        decode_roi.reset()

@@ -105,7 +105,7 @@ def walk_class_tree(root: str) -> ClassTree:
         raise PttError(
             f"cannot list {root!r}: {exc.strerror or exc}; fix its permissions and re-run."
         ) from exc
-    from pytorchtricks.shards.photoset import MARKER  # the photo-set builder's own summary: not a user file
+    from pytorchtricks.data.photoset import MARKER  # the photo-set builder's own summary: not a user file
 
     classes = []
     for e in top:
@@ -305,7 +305,7 @@ def _check_pixels(data: bytes, kind: str, budget: int) -> None:
 
     from PIL import Image
 
-    from pytorchtricks.shards.jpeg import image_size
+    from pytorchtricks.data.decode import image_size
 
     try:
         if kind in ("jpeg", "png"):
@@ -365,7 +365,14 @@ def _to_rgb8(data: bytes) -> np.ndarray:
         raise _Reject(f"{img.format} with {mode} pixels: cannot convert to RGB ({exc})") from exc
 
 
-def _target_hw(h: int, w: int, resize: int | None, max_side: int | None) -> tuple[int, int] | None:
+def target_hw(h: int, w: int, resize: int | None, max_side: int | None) -> tuple[int, int] | None:
+    """The ``(height, width)`` an ``h`` x ``w`` image is stored at when packed with ``resize`` (short side) and
+    ``max_side`` (long side), or None when it is stored as it is (a pack never enlarges).
+
+    Example:
+        >>> target_hw(480, 640, 256, None), target_hw(480, 640, None, 320), target_hw(100, 80, 256, None)
+        ((256, 341), (240, 320), None)
+    """
     scale = 1.0
     if resize is not None and min(h, w) > resize:
         scale = min(scale, resize / min(h, w))
@@ -379,7 +386,7 @@ def _target_hw(h: int, w: int, resize: int | None, max_side: int | None) -> tupl
 
 
 def _strict_backend() -> str:
-    from pytorchtricks.shards.jpeg import backend_works
+    from pytorchtricks.data.decode import backend_works
 
     return "simplejpeg" if backend_works("simplejpeg") else "pil"  # both fail on truncated JPEGs
 
@@ -416,13 +423,13 @@ def _no_address(reason: str) -> str:
 def _encode(data: bytes, kind: str, opts: dict[str, Any]) -> tuple[str, Any, Any]:
     from PIL import Image
 
-    from pytorchtricks.shards.jpeg import decode_image, resize_array
+    from pytorchtricks.data.decode import decode_image, resize_array
 
     keep = kind in ("jpeg", "png", "webp", "bmp") and _mode(data) in _PASS_MODES
     # full decode: also the integrity check (the strict JPEG backend fails on truncated files)
     arr = decode_image(data, backend=_strict_backend()) if keep and kind == "jpeg" else _to_rgb8(data)
     h, w = arr.shape[:2]
-    target = _target_hw(h, w, opts.get("resize"), opts.get("max_side"))
+    target = target_hw(h, w, opts.get("resize"), opts.get("max_side"))
     if target is not None:
         arr = resize_array(arr, target, area=True)
     if opts.get("raw"):

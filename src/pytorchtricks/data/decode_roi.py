@@ -13,7 +13,7 @@ writes a temp file and renames it (atomic), under a file lock (workers starting 
 library another user could have written is refused (it would be loaded as code).
 
 No compiler, no headers or a load failure: ``window_decoder()`` is None with the reason (``unavailable_reason``)
-and ``shards.jpeg`` uses its other backends. Progressive JPEGs (every scan must be read before any pixel),
+and ``data.decode`` uses its other backends. Progressive JPEGs (every scan must be read before any pixel),
 non-YCbCr/grey colour spaces and subsamplings other than 4:4:4, 4:2:2, 4:2:0, 4:4:0 are refused with a reason, and
 the caller falls back (and counts it).
 """
