@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.batches import EpochBatches
 from pytorchtricks.data.decode import image_size
 from pytorchtricks.data.recipes import DetectionRecipe
 
@@ -47,11 +48,12 @@ def aspect_groups(hw: np.ndarray, k: int = 3) -> np.ndarray:
     return np.digitize(ratio, bins).astype(np.int64)
 
 
-class GroupedEpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
+class GroupedEpochBatches(EpochBatches):
     """Yields ``(epoch, indices)``: a seeded permutation per epoch, this rank's share (``rank::world``, equal
     shares under ``drop_last``), cut into batches - within an aspect group first when ``groups`` is given, the
     leftovers of every group then batched together in order, so each rank yields the same number of batches and
-    every sample appears exactly once per epoch across ranks."""
+    every sample appears exactly once per epoch across ranks. The share, the length and the samples dropped are
+    ``EpochBatches``' own."""
 
     def __init__(
         self,
@@ -64,27 +66,11 @@ class GroupedEpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
         world: int,
         groups: np.ndarray | None = None,
     ) -> None:
-        self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
-        self.seed, self.rank, self.world, self.groups, self.epoch = seed, rank, world, groups, 0
-
-    def _share(self) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(self.n) if self.shuffle else np.arange(self.n)
-        if self.drop_last:
-            order = order[: (self.n // self.world) * self.world]
-        return order[self.rank :: self.world]
-
-    def __len__(self) -> int:
-        m = len(
-            range(self.rank, (self.n // self.world) * self.world if self.drop_last else self.n, self.world)
-        )
-        return m // self.batch_size if self.drop_last else -(-m // self.batch_size)
-
-    def dropped(self) -> int:
-        return self.n - self.world * len(self) * self.batch_size if self.drop_last else 0
+        super().__init__(n, batch_size, shuffle, drop_last, seed, rank, world)
+        self.groups = groups
 
     def batches(self) -> list[np.ndarray]:
-        idx, bs = self._share(), self.batch_size
+        idx, bs = self.indices(), self.batch_size
         if self.groups is None:
             out = [idx[s : s + bs] for s in range(0, len(idx), bs)]
         else:

@@ -53,6 +53,26 @@ def split_folders(root: str | os.PathLike[str]) -> dict[str, str]:
     return found
 
 
+_SUFFIXES = tuple(e.encode() for e in IMAGE_EXTENSIONS)
+
+
+def _images(paths: np.ndarray) -> np.ndarray:
+    """Which of the fixed-width bytes ``paths`` end in an image extension, any case: vectorised (numpy's string
+    ufuncs), the lower-case suffixes first and only what is left lower-cased - one pass in the common case."""
+    keep = np.zeros(len(paths), dtype=bool)
+    for lowered in (False, True):
+        for ext in _SUFFIXES:
+            if not keep.any():  # nothing matched yet: the whole array, no gather
+                rest, names = slice(None), paths
+            else:
+                rest = np.flatnonzero(~keep)
+                if not len(rest):
+                    return keep
+                names = paths[rest]
+            keep[rest] = np.char.endswith(np.char.lower(names) if lowered else names, ext)
+    return keep
+
+
 class JpegFolder:
     """Map-style dataset over ``root/<class>/<file>``; ``read_raw(i) -> (bytes, label, {})``.
 
@@ -88,13 +108,11 @@ class JpegFolder:
         self.root = root
         tree = walk_class_tree(root)
         self.classes = tree.classes
-        keep = np.fromiter(
-            (r.lower().endswith(IMAGE_EXTENSIONS) for r in tree.rel), dtype=bool, count=len(tree.rel)
-        )
-        if not keep.any():
-            raise PttError(f"no images under {root!r}; expected {root}/<class>/<image>.jpg.")
         # one join + split in C, not one bytes object per name: fixed-width bytes, one buffer
         joined = np.array("\0".join(tree.rel).encode("utf-8", "surrogateescape").split(b"\0"))
+        keep = _images(joined)
+        if not keep.any():
+            raise PttError(f"no images under {root!r}; expected {root}/<class>/<image>.jpg.")
         self._paths = joined if keep.all() else joined[keep]
         labels = np.asarray(tree.labels, dtype=np.int64)
         self.labels = labels if keep.all() else labels[keep]
