@@ -432,22 +432,39 @@ def _stop_workers_now(it: Any) -> None:
     """Terminate a DataLoader iterator's workers instead of letting its shutdown wait for each to finish the
     batch in hand (a second of decoding that the next variant's block would wait on or pay for).
 
-    Uses the iterator's private ``_workers``; the pids are unregistered from torch's SIGCHLD check first, or
-    the terminated workers would read as crashed. Without those attributes (another torch) the iterator's own
-    shutdown runs, only slower."""
+    In the order that cannot hang: the workers' done event is set while they are all alive (setting it takes a
+    lock that a worker holds for an instant whenever it checks the event: a worker killed at that instant keeps
+    it forever), the pin-memory thread is stopped, the pids are unregistered from torch's SIGCHLD check (or the
+    terminated workers would read as crashed), the workers are terminated and reaped, the index queues closed,
+    and the iterator is marked shut down so that neither its ``__del__`` nor torch's exit handler for persistent
+    workers sets the event again - that second ``Event.set()`` after a kill is the hang torch's own shutdown
+    warns of (it hung the suite once). Uses the iterator's private fields; without them (another torch) the
+    iterator's own shutdown runs, only slower."""
     workers = getattr(it, "_workers", None)
-    if not workers or not getattr(it, "_worker_pids_set", False):
+    if not workers or not getattr(it, "_worker_pids_set", False) or getattr(it, "_shutdown", True):
         return
-    from torch.utils.data._utils import signal_handling
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, signal_handling
 
     try:
+        it._shutdown = True
+        if hasattr(it, "_pin_memory_thread"):
+            it._pin_memory_thread_done_event.set()
+            it._worker_result_queue.put((None, None))
+            it._pin_memory_thread.join()
+        it._workers_done_event.set()
         signal_handling._remove_worker_pids(id(it))
-    except (RuntimeError, AttributeError):
+        it._worker_pids_set = False
+    except (RuntimeError, AttributeError):  # no worker was killed: the iterator's own shutdown stays safe
+        it._shutdown = False
         return
-    it._worker_pids_set = False
     for proc in workers:
         if proc.is_alive():
             proc.terminate()
+    for proc in workers:
+        proc.join(timeout=MP_STATUS_CHECK_INTERVAL)
+    for q in getattr(it, "_index_queues", []):
+        q.cancel_join_thread()
+        q.close()
 
 
 def stage_batches(w: Workload, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
