@@ -48,7 +48,7 @@ def builtin_root(cache_dir: str) -> str:
 def detection_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
     """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (or a COCO JSON file)
     opened by ``open_data(task="detection")``, or None for the built-in set."""
-    from pytorchtricks.data.detection import detection_layout, open_detection
+    from pytorchtricks.data.detection import DetectionDataset, detection_layout, open_detection
     from pytorchtricks.data.open_data import open_data
 
     if data is None:
@@ -66,7 +66,12 @@ def detection_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
             f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "
             "YOLO (images/ + labels/) or Pascal VOC (Annotations/ + JPEGImages/), or a COCO JSON file."
         )
-    ds = open_data(data, task="detection")  # a COCO JSON reads the images/ beside it when there is one
+    found = open_data(data, task="detection")  # a COCO JSON reads the images/ beside it when there is one
+    if not isinstance(found, DetectionDataset):  # a root, checked above: never a pack here
+        raise PttError(
+            f"--data {data}: tune reads detection roots, not packs; pass the root the pack was made from."
+        )
+    ds = found
     if os.path.isfile(data) and os.path.isdir(
         beside := os.path.join(os.path.dirname(os.path.abspath(data)), "images")
     ):
