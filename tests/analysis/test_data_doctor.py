@@ -113,6 +113,9 @@ def test_a_ptt_pack_folder_is_opened_as_shards(tmp_path, jpegs):
     assert isinstance(open_image_dataset(tmp_path / "packed"), ShardDataset)
     r = doctor_data(tmp_path / "packed", batch_size=8, crop=64, batches=2, num_workers=0)
     assert r.stages_s["decode"] > 0
+    ptt.pack(str(src), str(tmp_path / "tar"), format="tar", workers=0)
+    with pytest.raises(PttError, match=r"tar pack, read in order.*--format ptt"):
+        open_image_dataset(tmp_path / "tar")
 
 
 def _jpeg(arr, progressive: bool = False) -> bytes:

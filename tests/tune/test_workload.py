@@ -32,6 +32,15 @@ def test_imagenet_style_root_trains_on_its_train_split(tmp_path, models_file, jp
     assert w.dataset.classes == ["c0", "c1"] and len(w.dataset) == 12 and "train split" in w.data_desc
 
 
+def test_a_tar_pack_is_refused_with_the_fix(tmp_path, models_file, jpeg_folder):
+    """open_data reads a tar pack as a ShardStream (in order); tune samples by index, so it says to re-pack."""
+    from pytorchtricks.shards.writer import pack
+
+    pack(jpeg_folder, tmp_path / "tar", format="tar", workers=0)
+    with pytest.raises(PttError, match=r"tar shards.*--format ptt"):
+        build_workload(f"{models_file}:tiny", str(tmp_path / "tar"), batch_size=4, input_size=16)
+
+
 def test_synthetic_is_deterministic():
     a, b = SyntheticImages(8, 16), SyntheticImages(8, 16)
     assert torch.equal(a[3][0], b[3][0]) and not torch.equal(a[3][0], a[4][0])

@@ -79,27 +79,18 @@ class DataReport:
 def open_image_dataset(
     path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
 ) -> Any:
-    """A folder of class sub-folders -> ``JpegFolder``; a packed shard folder or a pack's URL (``s3://...``,
-    read through the node cache ``cache_dir``) -> ``ShardDataset`` (raw bytes)."""
-    from pytorchtricks.data.folder import IMAGE_EXTENSIONS, JpegFolder
-    from pytorchtricks.shards.remote import is_url
+    """``ptt.open_data(path)`` (the one data road): an ImageFolder tree (or a ``ROOT/train`` + ``ROOT/val`` root's
+    train split) -> ``JpegFolder``; a ptt / lmdb pack folder or a pack's URL (``s3://...``, read through the node
+    cache ``cache_dir``) -> ``ShardDataset``. A tar pack (read in order) is refused: the doctor reads by index."""
+    from pytorchtricks.data.open_data import open_data
 
-    if isinstance(path, str) and is_url(path):
-        from pytorchtricks.shards.dataset import ShardDataset
-
-        return ShardDataset(path, cache_dir=cache_dir)
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise PttError(f"{path!r} does not exist; pass an ImageFolder tree or a folder made by `ptt pack`.")
-    subdirs = [e.path for e in os.scandir(path) if e.is_dir()] if os.path.isdir(path) else []
-    for d in subdirs[:5]:
-        if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in os.listdir(d)):
-            return JpegFolder(path)
-    try:
-        from pytorchtricks.shards.dataset import ShardDataset
-    except ImportError as exc:
-        raise PttError(f"{path!r} is not an ImageFolder tree and shard reading is not available.") from exc
-    return ShardDataset(path)
+    ds = open_data(path, cache_dir=cache_dir)
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        raise PttError(
+            f"{os.fspath(path)} is a tar pack, read in order; the data doctor reads samples by index: re-pack it "
+            "with `ptt pack SRC DST --format ptt`, or pass the ImageFolder it was packed from."
+        )
+    return ds
 
 
 def _serial(

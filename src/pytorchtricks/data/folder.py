@@ -60,6 +60,7 @@ def _images(paths: np.ndarray) -> np.ndarray:
     """Which of the fixed-width bytes ``paths`` end in an image extension, any case: vectorised (numpy's string
     ufuncs), the lower-case suffixes first and only what is left lower-cased - one pass in the common case."""
     keep = np.zeros(len(paths), dtype=bool)
+    rest: slice | np.ndarray
     for lowered in (False, True):
         for ext in _SUFFIXES:
             if not keep.any():  # nothing matched yet: the whole array, no gather

@@ -45,10 +45,11 @@ def builtin_root(cache_dir: str) -> str:
     return ann
 
 
-def open_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
-    """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (or a COCO JSON file),
-    or None for the built-in set."""
-    from pytorchtricks.data.detection import detection_layout, open_detection
+def detection_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
+    """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (or a COCO JSON file)
+    opened by ``open_data(task="detection")``, or None for the built-in set."""
+    from pytorchtricks.data.detection import DetectionDataset, detection_layout, open_detection
+    from pytorchtricks.data.open_data import open_data
 
     if data is None:
         src = builtin_root(cache_dir)
@@ -59,19 +60,22 @@ def open_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
         raise PttError(
             f"--data {data}: no such file or folder; give a COCO, YOLO or VOC root (or a COCO JSON)."
         )
-    fmt = "coco" if os.path.isfile(data) else detection_layout(data)
-    beside = os.path.join(os.path.dirname(os.path.abspath(data)), "images")
-    if os.path.isfile(data) and os.path.isdir(
-        beside
-    ):  # ann.json with images/ beside it: the common small layout
-        ds = open_detection(data, format="coco", images=beside)
-        return ds, f"COCO {data} over {beside}: {len(ds)} images, {len(ds.categories)} categories", data
+    fmt = detection_layout(data)  # for the description and tune's own refusal (tune reads no detection pack)
     if fmt is None:
         raise PttError(
             f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "
             "YOLO (images/ + labels/) or Pascal VOC (Annotations/ + JPEGImages/), or a COCO JSON file."
         )
-    ds = open_detection(data, format=fmt)
+    found = open_data(data, task="detection")  # a COCO JSON reads the images/ beside it when there is one
+    if not isinstance(found, DetectionDataset):  # a root, checked above: never a pack here
+        raise PttError(
+            f"--data {data}: tune reads detection roots, not packs; pass the root the pack was made from."
+        )
+    ds = found
+    if os.path.isfile(data) and os.path.isdir(
+        beside := os.path.join(os.path.dirname(os.path.abspath(data)), "images")
+    ):
+        return ds, f"COCO {data} over {beside}: {len(ds)} images, {len(ds.categories)} categories", data
     return ds, f"{fmt.upper()} {data}: {len(ds)} images, {len(ds.categories)} categories", data
 
 

@@ -309,9 +309,10 @@ def _resolve_shape(
 def _dataset(
     data: str | None, size: tuple[int, int], channels: int, bs: int
 ) -> tuple[Any, str, str, str | None]:
-    """(dataset, description, kind, source) through the library's readers: JpegFolder, ShardDataset."""
+    """(dataset, description, kind, source): ``synthetic`` and the built-in set here, any path through
+    ``open_data`` (the library's readers: JpegFolder, ShardDataset), with tune's own words on a refusal."""
     from pytorchtricks.data.folder import JpegFolder, split_folders
-    from pytorchtricks.shards.dataset import ShardDataset
+    from pytorchtricks.data.open_data import open_data
 
     h, w = size
     px = f"{h} px" if h == w else f"{h}x{w} px"
@@ -327,30 +328,34 @@ def _dataset(
             f"the data folder {data!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
             "a ptt pack folder, or `synthetic` for generated images."
         )
-    if _is_pack(data):
-        ds = ShardDataset(data)
+    try:
+        ds = open_data(data)  # ROOT/train + ROOT/val: the train split (the splits are not classes)
+    except PttError as exc:
+        if _is_pack(data):  # the pack's own words (a bad manifest, a detection pack)
+            raise
+        raise PttError(
+            f"the data folder {data!r} holds no images tune can read ({exc}). Put them in it as "
+            "root/<class>/<image>.jpg, point --data at a ptt pack, or use --data synthetic to measure with "
+            "generated images."
+        ) from exc
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        raise PttError(
+            f"{data} holds tar shards, which are read in order; tune reads samples by index: re-pack with "
+            "`ptt pack SRC DST --format ptt` (or lmdb)."
+        )
+    if not isinstance(ds, JpegFolder):
         if len(ds) == 0:
             raise PttError(
                 f"the pack {data!r} holds no samples; pack a folder with images (`ptt pack SRC DST`)."
             )
         return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}", "pack", data
     splits = split_folders(data)
-    note = ""
-    if splits:  # ROOT/train + ROOT/val: tune trains on the train split (the splits are not classes)
-        data, note = splits["train"], f" (the train split of {data}; splits {', '.join(splits)})"
-    try:
-        ds = JpegFolder(data)
-    except PttError as exc:
-        raise PttError(
-            f"the data folder {data!r} holds no images tune can read ({exc}). Put them in it as "
-            "root/<class>/<image>.jpg, point --data at a ptt pack, or use --data synthetic to measure with "
-            "generated images."
-        ) from exc
+    note = f" (the train split of {data}; splits {', '.join(splits)})" if splits else ""
     return (
         ds,
-        f"image folder {data}{note}: {len(ds)} images in {len(ds.classes)} classes, {px}",
+        f"image folder {ds.root}{note}: {len(ds)} images in {len(ds.classes)} classes, {px}",
         "files",
-        data,
+        ds.root,
     )
 
 
@@ -498,7 +503,7 @@ def _detection_workload(
 
     if for_ != "train":
         raise PttError("--task detection tunes training; for a detector's inference use ptt optimize.")
-    dataset, desc, source = detection.open_data(data, cache_root())
+    dataset, desc, source = detection.detection_data(data, cache_root())
     n_classes = max([0, *dataset.categories]) + 1  # category ids as labels, 0 the background
     if isinstance(model, nn.Module):  # a script's own detector (ptt doctor run --tune)
         base, (short, long) = copy.deepcopy(model).cpu(), detection.model_sizes(model)

@@ -111,7 +111,9 @@ def make_detection_loader(
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     rec = _recipe(recipe)
     if isinstance(dataset, str | os.PathLike):
-        dataset = _open(os.fspath(dataset))
+        from pytorchtricks.data.open_data import open_data
+
+        dataset = open_data(dataset, task="detection", decode=None)  # a detection root or pack (ptt / lmdb)
     if not hasattr(dataset, "__len__") or len(dataset) == 0:
         raise PttError("make_detection_loader needs a non-empty map-style dataset (__len__ and __getitem__).")
     r0, w0 = _dist_rank_world()
@@ -170,26 +172,6 @@ def _sizes(dataset: Any) -> np.ndarray:
         raw, _ = read_detection_item(dataset, i)
         out.append(raw.shape[:2] if isinstance(raw, np.ndarray) else image_size(raw))
     return np.array(out, np.int64).reshape(-1, 2)
-
-
-def _open(path: str) -> Any:
-    """A detection root (COCO / YOLO / VOC) or a detection pack (ptt / lmdb: random access) as a dataset."""
-    from pytorchtricks.data.detection import open_detection
-    from pytorchtricks.shards import layout
-
-    if os.path.exists(os.path.join(path, layout.MANIFEST)):
-        m = layout.load_manifest(path)
-        if "detection" not in m:
-            raise PttError(f"{path} is a classification pack (no targets): load it with ptt.make_loader.")
-        if m["format"] == "tar":
-            raise PttError(
-                f"{path} is a tar pack (sequential); make_detection_loader reads ptt or lmdb packs (random access): "
-                "re-pack with --format ptt, or read the tar with webdataset (its .json member holds the target)."
-            )
-        from pytorchtricks.shards.dataset import ShardDataset
-
-        return ShardDataset(path, decode=None)
-    return open_detection(path)
 
 
 def bench_case(size: str = "smoke", device: str = "cpu") -> BenchCase:

@@ -307,9 +307,10 @@ def make_loader(
 
     ``config``: a ``LoaderConfig`` holding these options instead of the keywords (not both).
 
-    ``dataset`` may also be a pack's folder or URL (``s3://bucket/pack``): a ptt pack is read as a ``ShardDataset``,
-    a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``); a URL's shards come
-    through the node cache ``cache_dir`` (bounded by ``cache_limit`` bytes).
+    ``dataset`` may also be a path or URL, opened by ``ptt.open_data``: a ptt pack is read as a ``ShardDataset``,
+    a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``), an ImageFolder tree
+    (or the train split of ``ROOT/train`` + ``ROOT/val``) as a ``JpegFolder``; a URL's shards come through the node
+    cache ``cache_dir`` (bounded by ``cache_limit`` bytes).
 
     Example:
         >>> ds = [(torch.randint(0, 255, (3, 40, 50), dtype=torch.uint8), i % 2) for i in range(10)]
@@ -336,13 +337,16 @@ def make_loader(
     world = w0 if world_size is None else world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
-    from pytorchtricks.data.detection import refuse_detection, refuse_detection_root
+    from pytorchtricks.data.detection import refuse_detection
 
-    if isinstance(dataset, str | os.PathLike) and os.path.isdir(dataset):
-        refuse_detection_root(dataset, "make_loader")
+    if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
+        from pytorchtricks.data.open_data import open_data
+
+        dataset = open_data(
+            dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit,
+            shuffle=shuffle, seed=seed, rank=rank, world_size=world,
+        )  # fmt: skip
     refuse_detection(dataset, "make_loader")
-    if isinstance(dataset, str | os.PathLike):
-        dataset = _open_pack(os.fspath(dataset), shuffle, seed, rank, world, cache_dir, cache_limit)
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
@@ -387,23 +391,6 @@ def make_loader(
     return Loader(
         dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device
     )
-
-
-def _open_pack(
-    path: str, shuffle: bool, seed: int, rank: int, world: int, cache_dir: Any, cache_limit: Any
-) -> Any:
-    """A pack folder or URL as the dataset its format reads with: ``ShardDataset`` (ptt, lmdb) or ``ShardStream``."""
-    from pytorchtricks.shards import layout
-    from pytorchtricks.shards.cache import open_pack
-    from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.shards.remote import is_url
-    from pytorchtricks.shards.stream import ShardStream
-
-    local, _ = open_pack(path, cache_dir, cache_limit)  # a URL's manifest, fetched into the node cache
-    kw = {"cache_dir": cache_dir, "cache_limit": cache_limit} if is_url(path) else {}
-    if layout.load_manifest(local)["format"] == "tar":
-        return ShardStream(path, shuffle=shuffle, seed=seed, decode=None, rank=rank, world_size=world, **kw)
-    return ShardDataset(path, decode=None, **kw)
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
