@@ -622,14 +622,15 @@ class CpuMeter:
         # wall time. Nobody can hold more than the machine's cores for the phase, so others are bounded by
         # what our processes left of them.
         room = max(0.0, wall * machine - main - workers)
+        others = min(room, max(0.0, busy - main - workers))
         self.result = CpuUse(
             wall_s=wall,
             cores=cores,
             machine_cores=machine,
             main_cpu_s=main,
             workers_cpu_s=workers,
-            others_cpu_s=min(room, max(0.0, busy - main - workers)),
-            steal_s=min(steal, max(0.0, room - max(0.0, busy - main - workers))),
+            others_cpu_s=others,
+            steal_s=min(steal, room - others),
             run_queue=sum(self._queue) / len(self._queue) if self._queue else None,
             top_others=_top(top),
             workers=len(self._tree),

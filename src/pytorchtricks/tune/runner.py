@@ -206,9 +206,8 @@ class Runner:
             from pytorchtricks.tricks.data.make_loader import make_loader
 
             kw = dict(s.loader_kwargs)
-            kw.setdefault(
-                "persistent_workers", True
-            )  # across epochs; deactivate() stops them between variants
+            # workers across epochs; deactivate() stops them between variants
+            kw.setdefault("persistent_workers", True)
             loader = make_loader(
                 s.dataset,
                 w.batch_size,
@@ -275,16 +274,13 @@ class Runner:
         fresh ones."""
         if self._staged is not None:
             return
-        it, self._it = self._it, None
-        if it is not None:
-            _stop_workers_now(it)
+        if self._it is not None:
+            _stop_workers_now(self._it)
+            self._it = None
         for dl in _dataloaders(self._loader):
-            held = getattr(dl, "_iterator", None)  # a persistent loader's iterator, workers and all
-            if held is not None:
-                _stop_workers_now(held)
+            if dl._iterator is not None:  # a persistent loader's iterator, workers and all
+                _stop_workers_now(dl._iterator)
                 dl._iterator = None
-                del held
-        del it
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """A batch of either road -> normalised float on the device, in the model's channels and memory format."""

@@ -42,9 +42,8 @@ def request(workload: dict[str, Any], threads: int, data: str | None = None) -> 
         "optimizer": workload.get("optimizer"),
         "threads": threads,
         "task": workload.get("task", "classification"),
-        "num_outputs": workload.get(
-            "num_outputs"
-        ),  # the built-in ResNet-18's head is sized to the data's classes
+        # the built-in ResNet-18's head is sized to the data's classes
+        "num_outputs": workload.get("num_outputs"),
         # a detector's step needs its images and boxes (the same data, read again); a classifier's arithmetic does
         # not depend on the pixels, so synthetic batches of the same shape serve
         "data": data if workload.get("task") == "detection" else "synthetic",
@@ -74,9 +73,8 @@ def compare_figures(tune_s: float | None, fresh: dict[str, Any]) -> dict[str, An
     """The self-check's verdict: the two figures and whether they agree within ``AGREE_WITHIN``."""
     out = dict(fresh)
     out["tune_compute_alone_s"] = tune_s
-    if tune_s and fresh.get(
-        "min_s"
-    ):  # tune's figure is the fastest staged step: compared with the fastest here
+    # tune's figure is the fastest staged step: compared with the fastest here
+    if tune_s and fresh.get("min_s"):
         ratio = tune_s / fresh["min_s"]
         out["ratio"] = round(ratio, 3)
         out["agrees"] = 1 / AGREE_WITHIN <= ratio <= AGREE_WITHIN
@@ -101,18 +99,16 @@ def _main(argv: list[str]) -> int:
         device=req["device"], optimizer=(opt[0], opt[1]) if opt else None, task=req.get("task", "classification"),
     )  # fmt: skip
     want = req.get("num_outputs")
-    if (
-        not detect and want and w.num_outputs != want
-    ):  # a head tune resized to its data's classes: the same here
+    # a head tune resized to its data's classes: the same here
+    if not detect and want and w.num_outputs != want:
         w = _with_head(w, int(want))
     r = Runner(w, (), batches=stage_batches(w, 2))
     try:
         r.step()  # the first steps pay lazy initialisation (allocator, kernel and primitive caches)
         r.step()
         times: list[float] = []
-        with (
-            CpuMeter() as cm
-        ):  # as tune's diagnosis times it: at least WINDOW_S of steps, the fastest reported
+        # as tune's diagnosis times it: at least WINDOW_S of steps, the fastest reported
+        with CpuMeter() as cm:
             while len(times) < int(req.get("steps", 5)) or (sum(times) < WINDOW_S and len(times) < 200):
                 times.append(time_call(r.step, w.device)[1])
         times.sort()
