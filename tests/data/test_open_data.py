@@ -87,9 +87,12 @@ def test_packs_open_as_their_format_reads(packs, folder):
     assert isinstance(ds, ShardDataset) and len(ds) == 6 and ds.classes == ["cat", "dog"]
     raw = open_data(packs["ptt"], decode=None)[0][0]
     assert isinstance(raw, bytes | memoryview | np.ndarray)
-    stream = open_data(packs["tar"], decode=None, shuffle=False)
+    stream = open_data(packs["tar"], decode=None, stream=ptt.StreamConfig(shuffle=False))
     assert isinstance(stream, ShardStream)
     assert sorted(int(item[1]) for item in stream) == [0, 0, 0, 1, 1, 1]
+    order = ptt.StreamConfig(shuffle=False, rank=1, world_size=2, decode="auto")  # open_data's decode wins
+    half = open_data(packs["tar"], decode=None, stream=order)
+    assert half.rank_world() == (1, 2) and half.decode is None and len(list(half)) == 3
     url = open_data(packs["ptt"].as_uri())  # file:// is a URL that needs no cache
     assert isinstance(url, ShardDataset) and len(url) == 6
 

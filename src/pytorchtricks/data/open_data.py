@@ -8,6 +8,7 @@ sits on the formats' floor, and ``import pytorchtricks`` stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from pytorchtricks.data.detection import DetectionDataset
     from pytorchtricks.data.folder import JpegFolder
     from pytorchtricks.shards.dataset import Decode, ShardDataset
-    from pytorchtricks.shards.stream import ShardStream
+    from pytorchtricks.shards.stream import ShardStream, StreamConfig
 
 __all__ = ["open_data"]
 
@@ -36,16 +37,14 @@ def open_data(
     split: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    rank: int | None = None,
-    world_size: int | None = None,
+    stream: StreamConfig | None = None,
 ) -> JpegFolder | ShardDataset | ShardStream | DetectionDataset:
     """Open ``path`` as the dataset its layout is read with, recognised in this order:
 
     1. a pack - a URL, or a folder holding ``manifest.json``: ``ptt`` / ``lmdb`` -> ``ShardDataset`` (random
-       access), ``tar`` -> ``ShardStream`` (in order; ``shuffle``, ``seed``, ``rank``, ``world_size`` are its
-       own). A URL's manifest and shards come through the node cache ``cache_dir`` (at most ``cache_limit``).
+       access), ``tar`` -> ``ShardStream`` (in order: ``stream``, a ``ptt.StreamConfig``, gives its shuffle, seed,
+       rank, world size and the rest; ``decode`` and the cache are ``open_data``'s own and replace the config's).
+       A URL's manifest and shards come through the node cache ``cache_dir`` (at most ``cache_limit``).
        ``decode`` is the readers' (``"auto"``, a backend, ``None`` for the stored bytes, or a callable).
     2. a detection root - COCO (``annotations/*.json``), YOLO (``images/`` + ``labels/``), Pascal VOC
        (``Annotations/`` + ``JPEGImages/``) or a COCO JSON file (over ``images/`` beside it when there is one):
@@ -71,12 +70,11 @@ def open_data(
 
     if task not in TASKS:
         raise PttError(f"task must be classification or detection, not {task!r}.")
-    stream = (shuffle, seed, rank, world_size)
     if isinstance(path, str) and is_url(path):
-        return _open_pack(path, task, decode, cache_dir, cache_limit, *stream)
+        return _open_pack(path, task, decode, cache_dir, cache_limit, stream)
     p = os.fspath(path)
     if os.path.isfile(os.path.join(p, layout.MANIFEST)):
-        return _open_pack(p, task, decode, cache_dir, cache_limit, *stream)
+        return _open_pack(p, task, decode, cache_dir, cache_limit, stream)
     if not os.path.exists(p):
         want = "a COCO, YOLO or VOC root, a COCO JSON or a detection pack" if task == "detection" else _KINDS
         raise PttError(f"{p!r} does not exist; pass {want}.")
@@ -104,10 +102,7 @@ def _open_pack(
     decode: Any,
     cache_dir: str | os.PathLike[str] | None,
     cache_limit: int | str | None,
-    shuffle: bool,
-    seed: int,
-    rank: int | None,
-    world_size: int | None,
+    stream: StreamConfig | None,
 ) -> ShardDataset | ShardStream:
     """A pack folder or URL as the reader its format needs; its manifest says the format and whether it holds
     boxes (a detection pack) or class labels."""
@@ -133,11 +128,9 @@ def _open_pack(
                 f"{path} is a tar pack (sequential); detection reads ptt or lmdb packs (random access): re-pack "
                 "with --format ptt, or read the tar with webdataset (its .json member holds the target)."
             )
-        from pytorchtricks.shards.stream import ShardStream
+        from pytorchtricks.shards.stream import ShardStream, StreamConfig
 
-        return ShardStream(
-            path, shuffle=shuffle, seed=seed, decode=decode, rank=rank, world_size=world_size, **kw
-        )
+        return ShardStream(path, config=dataclasses.replace(stream or StreamConfig(), decode=decode, **kw))
     return ShardDataset(path, decode=decode, **kw)
 
 

@@ -341,11 +341,10 @@ def make_loader(
 
     if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
         from pytorchtricks.data.open_data import open_data
+        from pytorchtricks.shards.stream import StreamConfig
 
-        dataset = open_data(
-            dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit,
-            shuffle=shuffle, seed=seed, rank=rank, world_size=world,
-        )  # fmt: skip
+        order = StreamConfig(shuffle=shuffle, seed=seed, rank=rank, world_size=world)  # a tar pack's own order
+        dataset = open_data(dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit, stream=order)
     refuse_detection(dataset, "make_loader")
     dev = torch.device(device) if device is not None else None
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
