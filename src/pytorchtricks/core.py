@@ -101,6 +101,24 @@ def require(module: str, extra: str, *, package: str | None = None) -> Any:
         ) from exc
 
 
+def cache_root(*parts: str) -> str:
+    """The one folder for what the library generates and keeps between runs (built-in data sets, compiled shims,
+    trained reference models, the node's shard cache, tune's packs): ``$PTT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pytorchtricks``, else ``~/.cache/pytorchtricks``; ``parts`` name a sub-folder of it.
+
+    Example:
+        >>> import os; os.environ["PTT_CACHE_DIR"] = "/tmp/c"; cache_root("shards")
+        '/tmp/c/shards'
+        >>> del os.environ["PTT_CACHE_DIR"]
+    """
+    import os
+
+    base = os.environ.get("PTT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorchtricks"
+    )
+    return os.path.join(base, *parts)
+
+
 def resolve_device(device: str | Any | None) -> Any:
     """Turn ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` into a ``torch.device``, or fail clearly.
 

@@ -2,7 +2,7 @@
 
 The IDX ``.gz`` files are read directly (no torchvision download). ``trained_small_cnn`` trains once per recipe
 and caches the weights (``torch.save`` state dict, loaded with ``weights_only=True``, atomic write) under
-``$PTT_CACHE_DIR`` or ``~/.cache/pytorchtricks``; later calls load in milliseconds.
+``core.cache_root()`` (``$PTT_CACHE_DIR`` or ``~/.cache/pytorchtricks``); later calls load in milliseconds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, cache_root
 
 DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530  # training-set pixel statistics (0..1 scale)
@@ -137,10 +137,6 @@ def fmnist_cnn(width: int = 16, num_classes: int = 10) -> nn.Sequential:
     )
 
 
-def cache_dir() -> str:
-    return os.environ.get("PTT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "pytorchtricks")
-
-
 def trained_small_cnn(
     *,
     width: int = 16,
@@ -159,7 +155,7 @@ def trained_small_cnn(
         "torch": torch.__version__.split("+")[0],
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-    path = os.path.join(cache_dir(), "fashion_mnist", f"fmnist_cnn-{key}.pt")
+    path = cache_root("fashion_mnist", f"fmnist_cnn-{key}.pt")
     torch.manual_seed(seed)
     model = fmnist_cnn(width)
     if os.path.isfile(path):

@@ -208,7 +208,7 @@ def _detection_arguments(
     import json
 
     from pytorchtricks.analysis.step_split import inner_dataset
-    from pytorchtricks.tune.workload import cache_root
+    from pytorchtricks.core import cache_root
 
     inner, _ = inner_dataset(ds)
     coco, root = getattr(inner, "coco", None), getattr(inner, "root", None)

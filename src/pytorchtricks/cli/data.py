@@ -87,7 +87,7 @@ def _add_cache_options(p: Any) -> None:
     p.add_argument(
         "--cache-dir",
         default=None,
-        help="node-shared shard cache for URLs (default: $PTT_CACHE_DIR or ~/.cache)",
+        help="node-shared shard cache for URLs (default: $PTT_CACHE_DIR/shards or ~/.cache/pytorchtricks/shards)",
     )
     p.add_argument(
         "--cache-limit", default=None, help="bound of the shard cache in bytes, e.g. 50GB (default: none)"

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from pytorchtricks.core import cache_root
+
 # Return codes of ptt_roi_decode
 OK, UNSUPPORTED, FAILED, BAD_WINDOW = 0, 1, 2, 3
 # Widest iMCU in output pixels: max_h_samp_factor (<= 4) x the scaled DCT block (8 at scale 1)
@@ -168,17 +170,10 @@ class Refused(Exception):
         self.reason = reason
 
 
-def cache_root() -> str:
-    """``$PTT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytorchtricks``, else ``~/.cache/pytorchtricks``."""
-    return os.environ.get("PTT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorchtricks"
-    )
-
-
 def library_path() -> str:
     """Where the compiled shim lives: the name holds the hash of its source and the machine."""
     key = hashlib.sha256(f"{_SOURCE}|{platform.machine()}|{platform.system()}".encode()).hexdigest()[:16]
-    return os.path.join(cache_root(), "jpeg_roi", f"ptt_jpeg_roi-{key}.so")
+    return cache_root("jpeg_roi", f"ptt_jpeg_roi-{key}.so")
 
 
 def build(path: str) -> None:

@@ -1,6 +1,6 @@
 """The node-shared shard cache, and packs at a URL read through it.
 
-One folder per node (``cache_dir``; default ``$PTT_CACHE_DIR`` or ``~/.cache/pytorchtricks/shards``) is shared by
+One folder per node (``cache_dir``; default ``core.cache_root("shards")``: ``$PTT_CACHE_DIR/shards`` or ``~/.cache/pytorchtricks/shards``) is shared by
 every rank and DataLoader worker on it. A shard is downloaded once per node: the first reader takes the shard's
 file lock, downloads to a temp file (its size reserved up front, so concurrent readers see the space taken), checks
 size and sha256 against the manifest and renames it into place; the others wait on the lock and find it there. A
@@ -24,16 +24,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from pytorchtricks.core import PttError, PttWarning
+from pytorchtricks.core import PttError, PttWarning, cache_root
 from pytorchtricks.shards import layout
 from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.remote import fetch_bytes, filesystem, is_url, join_url, scrub_url, with_retries
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("PTT_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pytorchtricks", "shards"
-    )
+    """The node's shard cache: ``shards/`` under the library's one cache folder (``core.cache_root``)."""
+    return cache_root("shards")
 
 
 @contextlib.contextmanager

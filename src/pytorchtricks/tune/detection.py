@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.baselines import detection_reference_loader
 
 DEFAULT_DETECTOR = "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn"
 BUILTIN_PHOTOS = (
@@ -134,47 +135,6 @@ def to_model_inputs(
     ]
 
 
-class ReferencePolicy(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """The torchvision detection reference's "hflip" policy over our samples: PIL decodes the whole photo,
-    ``RandomHorizontalFlip(0.5)`` flips image and boxes, ``PILToTensor`` + ``ToDtype(float32, scale=True)``: a
-    full-resolution float32 image (a 12 MP photo is 144 MB) and its target, as ``CocoDetection`` wrapped for
-    transforms v2 gives them."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        from PIL import Image
-        from torchvision import tv_tensors
-        from torchvision.transforms import v2 as T
-
-        raw, t = self.dataset[i]
-        img = Image.open(io.BytesIO(raw)).convert("RGB")
-        boxes = tv_tensors.BoundingBoxes(t["boxes"], format="XYXY", canvas_size=(img.height, img.width))
-        policy = T.Compose(
-            [T.RandomHorizontalFlip(0.5), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
-        )
-        out, b = policy(img, boxes)
-        return out, {"boxes": b.as_subclass(torch.Tensor), "labels": t["labels"]}
-
-
-def _collate(batch: Any) -> Any:
-    return tuple(zip(*batch, strict=True))  # the reference's utils.collate_fn: lists, no stacking
-
-
-def reference_loader(dataset: Any, batch_size: int, num_workers: int, seed: int, train: bool) -> Any:
-    """The user's pipeline as the detection reference runs it (see ``ReferencePolicy``); its workers persist
-    across epochs, so that tune times the steady state (``Runner`` stops them between variants)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.utils.data.DataLoader(
-        ReferencePolicy(dataset), batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
-        collate_fn=_collate, generator=g, persistent_workers=num_workers > 0,
-    )  # fmt: skip
-
-
 def our_loader(
     dataset: Any,
     batch_size: int,
@@ -254,7 +214,7 @@ def loader_rates(w: Any, batches: int = 3) -> dict[str, dict[str, float]]:
         ld = (
             our_loader(w.dataset, w.batch_size, w.input_size, w.max_size or 1333, kw, 0, True)
             if ours
-            else reference_loader(w.dataset, w.batch_size, w.num_workers, 0, True)
+            else detection_reference_loader(w.dataset, w.batch_size, w.num_workers, 0, True)
         )
         it = iter(ld)
         next(it)  # worker start-up and the first prefetch

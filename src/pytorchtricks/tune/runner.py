@@ -6,7 +6,7 @@ trick's ``TUNE`` hook edit it, in the hooks' order - the runner never names a tr
 to device, forward, loss, backward, optimizer - is what the measuring engine times; ``step(sw)`` does the same with
 every stage timed by a ``Stopwatch`` (the step-time split of the diagnosis).
 
-Data comes through one road: the user's pipeline (``tune.baseline``: torchvision ImageFolder + PIL) or the
+Data comes through one road: the user's pipeline (``data.baselines``: torchvision ImageFolder + PIL) or the
 library's (``ptt.make_loader`` over the setup's dataset, which a hook may have replaced by a RAM cache or a pack).
 """
 
@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from pytorchtricks.clock import Stopwatch, hold_s, now_s
-from pytorchtricks.core import PttWarning
+from pytorchtricks.core import PttWarning, cache_root
+from pytorchtricks.data.baselines import detection_reference_loader, imagefolder_loader
+from pytorchtricks.data.normalization import IMAGENET_MEAN_PX, IMAGENET_STD_PX
+from pytorchtricks.tricks.runtime.seed_everything import seed_worker
 from pytorchtricks.tunable import TuneSetup
-from pytorchtricks.tune.baseline import normalize, user_loader
 from pytorchtricks.tune.hooks import by_name, with_requirements
-from pytorchtricks.tune.workload import Workload, cache_root, to_channels
+from pytorchtricks.tune.workload import Workload, to_channels
 
 PREFETCH_FACTOR = 2
 
@@ -197,7 +199,7 @@ class Runner:
                     s.dataset, w.batch_size, w.input_size, w.max_size or 1333, s.loader_kwargs, self.seed,
                     self.train,
                 )  # fmt: skip
-            return detection.reference_loader(
+            return detection_reference_loader(  # workers persist: deactivate() stops them between variants
                 s.dataset, w.batch_size, self.num_workers, self.seed, self.train
             )
         if s.loader == "device":  # a dataset resident on the device (dataset_on_device) is its own loader
@@ -217,9 +219,9 @@ class Runner:
                 **kw,
             )
         elif w.data_kind == "files":
-            loader = user_loader(
+            loader = imagefolder_loader(
                 w.source or "", w.batch_size, size, num_workers=self.num_workers, train=self.train,
-                seed=self.seed, channels=w.channels, persistent=True,
+                seed=self.seed, channels=w.channels, persistent=True, worker_init_fn=seed_worker,
             )  # fmt: skip
         else:  # a pack or synthetic data, as the user reads it today: a plain DataLoader over the dataset
             g = torch.Generator().manual_seed(self.seed)
@@ -408,6 +410,18 @@ class Runner:
         self._it = None
         self._loader = None
         self.forward = self.model = self.optimizer = self.acc = None
+
+
+def normalize(x: torch.Tensor, device: torch.device, *, channels_last: bool = False) -> torch.Tensor:
+    """A batch from either road -> normalised float32 on ``device``: uint8 (library loaders) is normalised there,
+    float (the torchvision baseline, ``data.baselines``) is already normalised on the host and only moved."""
+    from pytorchtricks.tricks.data.device_augment import batch_normalize
+
+    x = x.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:
+        gray = x.shape[1] == 1
+        x = batch_normalize(x, (127.5,) if gray else IMAGENET_MEAN_PX, (127.5,) if gray else IMAGENET_STD_PX)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
 def _dataloaders(loader: Any, depth: int = 4) -> list[torch.utils.data.DataLoader[Any]]:

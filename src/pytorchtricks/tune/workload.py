@@ -5,7 +5,7 @@
 ``train/`` and ``val/`` is read through its train split), a ``ptt pack`` folder, ``synthetic`` (deterministic random
 images) or nothing (the built-in set of high-resolution photos, see ``default_image_folder``). The data is read by
 the library's own readers (``JpegFolder``, ``ShardDataset``): one data road, shared with the user's ``ptt`` calls;
-the user's pipeline (torchvision ImageFolder + PIL, the baseline) is built from the same folder (``tune.baseline``).
+the user's pipeline (torchvision ImageFolder + PIL, the baseline) is built from the same folder (``data.baselines``).
 Every failure raises ``PttError`` with one paragraph that names the problem and the fix, before anything is written.
 
 The input shape is the user's whole shape, channels included: ``--input-shape 1,28,28`` (C,H,W) for an MNIST-style
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pytorchtricks.core import PttError, require, resolve_device
-from pytorchtricks.tune.baseline import DEFAULT_WORKERS
+from pytorchtricks.core import PttError, cache_root, require, resolve_device
+from pytorchtricks.data.baselines import DEFAULT_WORKERS
 
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
@@ -80,14 +80,6 @@ class SyntheticImages(torch.utils.data.Dataset):
 
 
 # ----------------------------------------------------------------------------------------------- default data
-
-
-def cache_root() -> str:
-    """Where generated data lives: ``$PTT_CACHE_DIR`` or ``$XDG_CACHE_HOME/pytorchtricks`` (``~/.cache``)."""
-    base = os.environ.get("PTT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorchtricks"
-    )
-    return base
 
 
 def default_image_folder(*, count: int = DEFAULT_PHOTOS, root: str | None = None) -> tuple[str, str]:
