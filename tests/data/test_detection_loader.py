@@ -9,7 +9,7 @@ import torch
 
 import pytorchtricks as ptt
 from pytorchtricks.data.detection import open_detection
-from pytorchtricks.data.detection_loader import GroupedEpochBatches, aspect_groups
+from pytorchtricks.data.detection_loader import DetectionBatch, GroupedEpochBatches, aspect_groups
 
 
 def _cfg(**kw):
@@ -50,8 +50,11 @@ def test_the_same_batches_whatever_the_worker_count(coco_root):
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x.images, y.images) and torch.equal(x.sizes, y.sizes)
         assert [t["image_id"] for t in x.targets] == [t["image_id"] for t in y.targets]
+        assert isinstance(y, DetectionBatch) and y.sizes.dtype == torch.int64  # unpickled from the wire
         for s, u in zip(x.targets, y.targets, strict=True):
-            assert torch.equal(s["boxes"], u["boxes"])
+            for k in ("boxes", "labels", "iscrowd", "area"):  # arrays inline from the workers, tensors here
+                assert isinstance(u[k], torch.Tensor) and u[k].dtype == s[k].dtype and torch.equal(s[k], u[k])
+            assert s["dropped"] == u["dropped"]
     # multi-scale: one short side per batch (the long side may cap it)
     for x in a:
         short = x.sizes.min(dim=1).values.tolist()

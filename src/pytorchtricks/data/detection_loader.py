@@ -164,7 +164,32 @@ class DetectionBatcher:
             )
             targets.append(_follow(target, boxes, g))
             sizes.append(g.out_hw)
-        return DetectionBatch(out.permute(0, 3, 1, 2), torch.tensor(sizes, dtype=torch.int64), targets)
+        images, hw = out.permute(0, 3, 1, 2), np.asarray(sizes, np.int64).reshape(-1, 2)
+        if torch.utils.data.get_worker_info() is not None:
+            return _Wire(images, hw, targets)  # type: ignore[return-value]  # a DetectionBatch once unpickled
+        return _from_wire(images, hw, targets)
+
+
+class _Wire:
+    """What a worker hands the main process: the images as one shared-memory tensor (one descriptor), the sizes
+    and the targets' small arrays pickled inline with the batch. As tensors, each of those would be a
+    shared-memory file of its own and a descriptor passed over a socket: a batch of 4 targets is 18 of them, about
+    6 ms of the main process's time per batch (measured: 6.0 ms vs 0.15 ms for the same arrays inline). The
+    DataLoader's ``default_convert`` leaves this object alone; unpickling it in the main process makes the
+    ``DetectionBatch`` (``_from_wire``: tensors over the unpickled arrays, no copy)."""
+
+    def __init__(self, images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]]) -> None:
+        self.images, self.sizes, self.targets = images, sizes, targets
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_from_wire, (self.images, self.sizes, self.targets))
+
+
+def _from_wire(images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]]) -> DetectionBatch:
+    tensors = [
+        {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in t.items()} for t in targets
+    ]
+    return DetectionBatch(images, torch.from_numpy(sizes), tensors)
 
 
 def _bytes_or_hwc(raw: Any) -> Any:
@@ -194,18 +219,24 @@ def _hw(raw: Any) -> tuple[int, int]:
 def _follow(target: dict[str, Any], boxes: np.ndarray, g: Any) -> dict[str, Any]:
     """The target after geometry ``g``: boxes mapped, per-box fields kept for the kept boxes, area scaled."""
     new, keep = g.map_boxes(boxes)
-    kt = torch.from_numpy(keep)
     ky, kx = g.scale_yx
-    t = {
-        "boxes": torch.from_numpy(new),
-        "labels": torch.as_tensor(target["labels"], dtype=torch.int64)[kt],
+    zeros = np.zeros(len(boxes))
+    t = {  # numpy here; tensors in the main process (``_from_wire``)
+        "boxes": np.ascontiguousarray(new, np.float32),
+        "labels": _array(target["labels"], np.int64)[keep],
         "image_id": target.get("image_id", -1),
-        "iscrowd": torch.as_tensor(target.get("iscrowd", torch.zeros(len(boxes))), dtype=torch.int64)[kt],
-        "area": torch.as_tensor(target.get("area", torch.zeros(len(boxes))), dtype=torch.float32)[kt]
-        * (ky * kx),
+        "iscrowd": _array(target.get("iscrowd", zeros), np.int64)[keep],
+        "area": _array(target.get("area", zeros), np.float32)[keep] * np.float32(ky * kx),
         "dropped": len(boxes) - len(keep),
     }
     if "segmentation" in target:  # polygons stay in source pixels (the geometry maps them: g.map_points)
         segs = target["segmentation"]
         t["segmentation"] = [segs[j] for j in keep.tolist()] if isinstance(segs, list) else segs
     return t
+
+
+def _array(values: Any, dtype: Any) -> np.ndarray:
+    """A target field (a tensor, an array or a list) as a 1-D numpy array of ``dtype``."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=dtype).reshape(-1)
