@@ -164,10 +164,10 @@ class DetectionBatcher:
             )
             targets.append(_follow(target, boxes, g))
             sizes.append(g.out_hw)
-        images, hw = out.permute(0, 3, 1, 2), np.asarray(sizes, np.int64).reshape(-1, 2)
+        images, out_hw = out.permute(0, 3, 1, 2), np.asarray(sizes, np.int64).reshape(-1, 2)
         if torch.utils.data.get_worker_info() is not None:
-            return _Wire(images, hw, targets)  # type: ignore[return-value]  # a DetectionBatch once unpickled
-        return _from_wire(images, hw, targets)
+            return _Wire(images, out_hw, targets)  # type: ignore[return-value]  # a DetectionBatch once unpickled
+        return _from_wire(images, out_hw, targets)
 
 
 class _Wire:
