@@ -141,13 +141,13 @@ def main() -> None:
             "",
             "## make demo (`ptt tune` on its built-in workload; caches cleared before each run)",
             "",
-            "| run | verdict | recommended | verify ratio (IQR) | self-check ratio | unreliable | elapsed s |",
-            "|---|---|---|---|---|---|---|",
+            "| run | commit | verdict | recommended | verify ratio (IQR) | self-check ratio | unreliable | elapsed s |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in demo:
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x ({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f})"
             lines.append(
-                f"| {r['run']} | {r['verdict']} | {', '.join(r['recommended'] or []) or 'keep'} | {ratio} | "
+                f"| {r['run']} | {r['git_sha'][:7]} | {r['verdict']} | {', '.join(r['recommended'] or []) or 'keep'} | {ratio} | "
                 f"{r['self_check_ratio']} | {len(r['unreliable'])} | {r['elapsed_s']:.0f} |"
             )
     if demo:
@@ -156,8 +156,10 @@ def main() -> None:
             "The demo is not a like-for-like pair: between the two commits, issue 29's steady-state timing (5c4b008: "
             "persistent workers for every timed loader) landed. Before it, an epoch boundary restarted the loader "
             "workers inside timed steps by chance (issue 29 measured the verify ratio swing 2x from it); before-2's pick "
-            "of pack[resize] fits that but was not traced. The after runs time the steady state. Both trees find the workload input-bound and recommend the RAM cache in the "
-            "runs that time it steadily; no run is unreliable or says keep.",
+            "of pack[resize] fits that but was not traced. The after runs time the steady state. after-3 is the final code (the baselines moved into data/baselines.py, "
+            "one cache folder): its diagnosis read the loader and the step as contending for the 2 cores (CPU-contended, "
+            "which keeps the loader tricks candidates) where the others read input-bound; every run but before-2 "
+            "recommends the RAM cache, none is unreliable or says keep.",
         ]
     print("\n".join(lines))
 
