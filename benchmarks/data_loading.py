@@ -25,11 +25,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from _child import emit, run_child  # benchmarks/ is on sys.path: these run as scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, WORKERS, CROP = 256, 2, 224
@@ -559,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     BATCH = args.batch  # the children get the same --batch
     if args.run_one:
-        print("__RESULT__" + json.dumps(run_one(args.run_one, args.folder, args.work, args.epochs)))
+        emit(run_one(args.run_one, args.folder, args.work, args.epochs))
         return 0
 
     from pytorchtricks.clock import environment, write_jsonl
@@ -605,19 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             return {"error": f"{env_name} environment missing (make {env_name}-env)"}
         cmd = [py, os.path.abspath(__file__), "--run-one", s, "--folder", folder, "--work", args.work]
         cmd += ["--batch", str(BATCH)]
-        try:
-            res = subprocess.run(
-                [*cmd, "--epochs", str(epochs)],
-                capture_output=True,
-                text=True,
-                timeout=args.timeout_s,
-                cwd=ROOT,
-            )
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout_s:.0f} s"}
-        if res.returncode == 0 and "__RESULT__" in res.stdout:
-            return dict(json.loads(res.stdout.rsplit("__RESULT__", 1)[1]))
-        return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+        return run_child([*cmd, "--epochs", str(epochs)], args.timeout_s, ROOT, error_chars=200)
 
     prepared = {s: child(s, 0) for s in systems}  # pack/convert once, in its own process, before any timing
     rows: list[dict[str, Any]] = []

@@ -29,10 +29,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Iterable
 from typing import Any
+
+from _child import emit, run_child  # benchmarks/ is on sys.path: these run as scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # torchvision's detection reference trains with -b 2 per GPU; 4 keeps 24 MP float32 batches in memory bounds
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ann", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.run_one:
-        print("__RESULT__" + json.dumps(run_one(args.run_one, args.images_dir, args.ann, args.epochs)))
+        emit(run_one(args.run_one, args.images_dir, args.ann, args.epochs))
         return 0
 
     from pytorchtricks.clock import environment, write_results
@@ -345,19 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.exists(py):
             return {"error": "peers environment missing (make peers-env)"}
         cmd = [py, os.path.abspath(__file__), "--run-one", s, "--images-dir", images, "--ann", ann]
-        try:
-            res = subprocess.run(
-                [*cmd, "--epochs", str(args.epochs)],
-                capture_output=True,
-                text=True,
-                timeout=args.timeout_s,
-                cwd=ROOT,
-            )
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout_s:.0f} s"}
-        if res.returncode == 0 and "__RESULT__" in res.stdout:
-            return dict(json.loads(res.stdout.rsplit("__RESULT__", 1)[1]))
-        return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1][:300]}
+        return run_child([*cmd, "--epochs", str(args.epochs)], args.timeout_s, ROOT)
 
     rows: list[dict[str, Any]] = []
     for r in range(args.rounds):

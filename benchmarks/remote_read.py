@@ -27,6 +27,8 @@ import subprocess
 import sys
 from typing import Any
 
+from _child import emit, run_child  # benchmarks/ is on sys.path: these run as scripts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, WORKERS, CHUNK = 64, 2, "8MB"
 BUFFER = (
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         system, where, n, pack_bytes, epochs = args.run_one
         run = run_litdata if system.startswith("litdata") else run_ptt
         res = run(system, where, args.work, int(n), int(epochs), int(pack_bytes))
-        print("__RESULT__" + json.dumps(res))
+        emit(res)
         return 0
 
     from pytorchtricks.clock import environment, write_results
@@ -304,13 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                 before = _server_sent(server)
                 cmd = [py, os.path.abspath(__file__), "--work", work, "--run-one", system, where,
                        str(args.images), str(size), str(args.epochs)]  # fmt: skip
-                res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
-                if res.returncode == 0 and "__RESULT__" in res.stdout:
-                    row.update(json.loads(res.stdout.rsplit("__RESULT__", 1)[1]))
-                    if system != "ptt-disk":
-                        row["server_bytes_sent"] = _server_sent(server) - before
-                else:
-                    row["error"] = res.stderr.strip()[-600:] or "failed"
+                row.update(run_child(cmd, 1800, ROOT, error_chars=600))
+                if "error" not in row and system != "ptt-disk":
+                    row["server_bytes_sent"] = _server_sent(server) - before
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
