@@ -257,14 +257,19 @@ def _shards(dst: Path) -> list[Path]:
 Damage = Callable[[Path], None]
 
 
+def _file_gone_or_odd(label: str, name: str) -> dict[str, Damage]:
+    """The damages any file of a pack can take: missing, empty, or replaced by a directory, a FIFO, /dev/zero."""
+    odd = {"empty": "empty", "is a directory": "dir", "is a FIFO": "fifo", "is /dev/zero": "devzero"}
+    cases: dict[str, Damage] = {f"{label} missing": lambda d: (d / name).unlink()}
+    for what, how in odd.items():
+        cases[f"{label} {what}"] = lambda d, how=how: _replace(d / name, how)
+    return cases
+
+
 def _manifest_cases(fmt: str) -> dict[str, Damage]:
     mf = "manifest.json"
     cases: dict[str, Damage] = {
-        "manifest missing": lambda d: (d / mf).unlink(),
-        "manifest empty": lambda d: _replace(d / mf, "empty"),
-        "manifest is a directory": lambda d: _replace(d / mf, "dir"),
-        "manifest is a FIFO": lambda d: _replace(d / mf, "fifo"),
-        "manifest is /dev/zero": lambda d: _replace(d / mf, "devzero"),
+        **_file_gone_or_odd("manifest", mf),
         "manifest deep JSON": lambda d: (d / mf).write_text("[" * 100_000 + "]" * 100_000),
         "manifest deep JSON object": lambda d: (d / mf).write_text('{"a":' * 50_000 + "1" + "}" * 50_000),
         "manifest is a list": lambda d: (d / mf).write_text("[1, 2]"),
@@ -356,11 +361,7 @@ def _swap(a: Path, b: Path) -> None:
 def _index_cases() -> dict[str, Damage]:
     ix = "index.npy"
     cases: dict[str, Damage] = {
-        "index missing": lambda d: (d / ix).unlink(),
-        "index empty": lambda d: _replace(d / ix, "empty"),
-        "index is a directory": lambda d: _replace(d / ix, "dir"),
-        "index is a FIFO": lambda d: _replace(d / ix, "fifo"),
-        "index is /dev/zero": lambda d: _replace(d / ix, "devzero"),
+        **_file_gone_or_odd("index", ix),
         "index pickled objects": lambda d: np.save(
             d / ix, np.array([{"x": 1}] * 20, dtype=object), allow_pickle=True
         ),

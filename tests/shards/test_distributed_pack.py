@@ -12,12 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _child_run import run_driver  # tests/shards/ is on sys.path (pytest prepends it)
 from PIL import Image
 
 from pytorchtricks.core import PttError
@@ -110,26 +109,9 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _env() -> dict[str, str]:
-    here = str(Path(__file__).resolve().parents[2] / "src")
-    return {
-        **os.environ,
-        "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "OMP_NUM_THREADS": "1",
-    }
-
-
 def _drive(src: Path, fmt: str, runs: list[dict]) -> list[dict]:
     arg = {"src": str(src), "fmt": fmt, "shard_size": "4000", "runs": runs}
-    r = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(arg)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return list(run_driver(DRIVER, arg, OMP_NUM_THREADS="1"))
 
 
 def _tree(root: Path) -> dict[str, str]:

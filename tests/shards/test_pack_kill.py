@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from _child_run import child_env, run_driver  # tests/shards/ is on sys.path (pytest prepends it)
 from PIL import Image
 
 from pytorchtricks.shards.writer import pack
@@ -86,11 +87,6 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
-def _env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
 def _kill_and_resume(src: Path, base: Path, fmt: str, points: list[tuple[str, int | str]]) -> list[Path]:
     dsts = [base / f"{fmt}-{when}-{point}" for when, point in points]
     arg = {
@@ -99,15 +95,7 @@ def _kill_and_resume(src: Path, base: Path, fmt: str, points: list[tuple[str, in
         "shard_size": "600KB",
         "points": [[str(d), when, point] for d, (when, point) in zip(dsts, points, strict=True)],
     }
-    r = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(arg)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    killed = json.loads(r.stdout.strip().splitlines()[-1])
+    killed = run_driver(DRIVER, arg)
     assert all(killed), f"some kill points were never reached: {list(zip(points, killed, strict=True))}"
     return dsts
 
@@ -196,7 +184,7 @@ def _cli_pack(src: Path, dst: Path, *extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=child_env(),
     )
 
 
