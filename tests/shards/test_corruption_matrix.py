@@ -77,12 +77,14 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base(src: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    root = tmp_path_factory.mktemp("matrix-packs")
+    return _three_packs(src, tmp_path_factory.mktemp("matrix-packs"))
+
+
+def _three_packs(src: Path, root: Path) -> dict[str, Path]:
+    """``src`` packed as ptt, tar and lmdb under ``root`` (small shards, so a pack has several)."""
     for fmt in ("ptt", "tar", "lmdb"):
         pack(src, root / fmt, format=fmt, shard_size="12KB", workers=0)
-        out[fmt] = root / fmt
-    return out
+    return {fmt: root / fmt for fmt in ("ptt", "tar", "lmdb")}
 
 
 def _samples(reader: Iterator[tuple[Any, int, dict[str, Any]]]) -> list[tuple[bytes, int]]:
@@ -707,12 +709,7 @@ def det_base(src: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
     cats = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
     doc = {"images": images, "annotations": anns, "categories": cats}
     (root / "annotations" / "instances_val.json").write_text(json.dumps(doc))
-    out = {}
-    packs = tmp_path_factory.mktemp("matrix-det-packs")
-    for fmt in ("ptt", "tar", "lmdb"):
-        pack(root, packs / fmt, format=fmt, shard_size="12KB", workers=0)
-        out[fmt] = packs / fmt
-    return out
+    return _three_packs(root, tmp_path_factory.mktemp("matrix-det-packs"))
 
 
 def _det_samples(reader: Iterator[tuple[Any, int, dict[str, Any]]]) -> list[tuple[bytes, int, str]]:
