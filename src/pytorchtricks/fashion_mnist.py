@@ -2,7 +2,8 @@
 
 The IDX ``.gz`` files are read directly (no torchvision download). ``trained_small_cnn`` trains once per recipe
 and caches the weights (``torch.save`` state dict, loaded with ``weights_only=True``, atomic write) under
-``core.cache_root()`` (``$PTT_CACHE_DIR`` or ``~/.cache/pytorchtricks``); later calls load in milliseconds.
+``core.cache_root()`` (``$PTT_CACHE_DIR``, ``$XDG_CACHE_HOME/pytorchtricks`` or ``~/.cache/pytorchtricks``); later
+calls load in milliseconds.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The node-shared shard cache, and packs at a URL read through it.
 
-One folder per node (``cache_dir``; default ``core.cache_root("shards")``: ``$PTT_CACHE_DIR/shards`` or ``~/.cache/pytorchtricks/shards``) is shared by
-every rank and DataLoader worker on it. A shard is downloaded once per node: the first reader takes the shard's
+One folder per node (``cache_dir``; default ``core.cache_root("shards")``: ``$PTT_CACHE_DIR/shards``, else
+``~/.cache/pytorchtricks/shards``) is shared by every rank and DataLoader worker on it. A shard is downloaded once per node: the first reader takes the shard's
 file lock, downloads to a temp file (its size reserved up front, so concurrent readers see the space taken), checks
 size and sha256 against the manifest and renames it into place; the others wait on the lock and find it there. A
 reader pins the shard it reads (a shared ``flock``); when the cache would pass ``cache_limit`` bytes, the least
