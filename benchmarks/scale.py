@@ -1,8 +1,9 @@
 """Ten million images: every per-sample cost at 20K, 100K and 1M tiny JPEGs, its slope, and the 10M projection.
 
-The set is N tiny JPEGs (80-128 x 64-96 px thumbnails of the wallpaper photos, ~3 KB, 100 classes; 256 distinct
-encodings written round-robin, built once under ``--data``), so what shows is per-sample overhead, not decoding. Each stage runs in a fresh interpreter (its
-imports warmed on a 2,000-image set first, so a stage's time and memory are its own):
+The set is N tiny JPEGs (80-128 x 64-96 px thumbnails of the wallpaper photos, ~2.5 KB, 100 classes; 256 distinct
+encodings written round-robin, built once under ``--data``), so what shows is per-sample overhead, not decoding.
+Each stage runs in a fresh interpreter (its imports warmed on a 2,000-image set first, so a stage's time and memory
+are its own):
 
 - ``imagefolder``: torchvision ``ImageFolder(src)`` (the reference) / ``jpegfolder``: ``ptt.JpegFolder(src)``;
   the median of 3 opens (the folder's entries in the kernel's cache after the first).
@@ -62,7 +63,7 @@ def make_set(root: str, n: int) -> str:
     """``root/photo-n<N>``: N tiny JPEGs in 100 class folders, built once (a marker file says it is complete).
 
     The 256 distinct encodings are thumbnails of the installed wallpaper photos (a random crop of each, resized to
-    80-128 x 64-96 px, quality 85: ~3 KB, as small photos are), so a 1M set (~4 GB on disk, its pack about as much)
+    80-128 x 64-96 px, quality 85: ~2.5 KB, as small photos are), so a 1M set (~4 GB on disk, its pack about as much)
     stays in a 24 GiB machine's page cache and each stage measures our per-sample work, not the disk. (An earlier
     pool of random-noise pixels encoded to ~9 KB a file; at 1M the set and its pack outgrew the page cache.)"""
     import numpy as np

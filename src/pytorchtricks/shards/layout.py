@@ -269,25 +269,20 @@ def check_index(dst: str, manifest: dict[str, Any], index: np.ndarray) -> None:
     # ptt rows name their shard: non-decreasing with each shard's count is exactly the manifest's order.
     seen_shards = np.zeros(len(shards), np.int64)
     seen_labels = np.zeros(len(classes) if by_class else 0, np.int64)
-    last, rows_ok, labels_ok = 0, True, True
+    last, rows_ok, labels_ok = 0, ptt, by_class  # each check stops at its first bad block; the other goes on
     for start in range(0, len(index), _CHECK_BLOCK):
-        block = index[start : start + _CHECK_BLOCK]
-        if ptt:
+        block = index[start : start + _CHECK_BLOCK]  # never empty
+        if rows_ok:
             s = np.asarray(block["shard"], dtype=np.int64)
-            rows_ok = bool(
-                s.size == 0
-                or (s[0] >= last and s[-1] < len(shards) and (s.size < 2 or (s[1:] >= s[:-1]).all()))
-            )
-            if not rows_ok:
-                break
-            seen_shards += np.bincount(s, minlength=len(shards))
-            last = int(s[-1]) if s.size else last
-        if by_class:
+            rows_ok = bool(s[0] >= last and s[-1] < len(shards) and (s[1:] >= s[:-1]).all())
+            if rows_ok:
+                seen_shards += np.bincount(s, minlength=len(shards))
+                last = int(s[-1])
+        if labels_ok:
             lab = np.asarray(block["label"], dtype=np.int64)
-            labels_ok = bool(lab.size == 0 or (lab.min() >= 0 and lab.max() < len(classes)))
-            if not labels_ok:
-                break
-            seen_labels += np.bincount(lab, minlength=len(classes))
+            labels_ok = bool(lab.min() >= 0 and lab.max() < len(classes))
+            if labels_ok:
+                seen_labels += np.bincount(lab, minlength=len(classes))
     if ptt and (not rows_ok or not np.array_equal(seen_shards, counts)):
         raise ShardError(
             "index rows do not match the manifest's shards: index and shards do not match", path=ipath

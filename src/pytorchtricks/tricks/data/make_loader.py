@@ -343,9 +343,8 @@ def make_loader(
         from pytorchtricks.data.open_data import open_data
         from pytorchtricks.shards.stream import StreamConfig
 
-        order = StreamConfig(
-            shuffle=shuffle, seed=seed, rank=rank, world_size=world
-        )  # a tar pack's own order
+        # a tar pack's own order and share
+        order = StreamConfig(shuffle=shuffle, seed=seed, rank=rank, world_size=world)
         dataset = open_data(dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit, stream=order)
     refuse_detection(dataset, "make_loader")
     dev = torch.device(device) if device is not None else None
