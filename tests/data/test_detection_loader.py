@@ -64,6 +64,34 @@ def test_the_same_batches_whatever_the_worker_count(coco_root):
         )
 
 
+def _inode(images: torch.Tensor) -> int:
+    """The shared-memory file under a batch received from a worker."""
+    import os
+
+    fd, _ = images.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def test_workers_reuse_a_batch_buffer_only_once_the_main_process_freed_it(coco_root):
+    ds = open_detection(coco_root)
+    recipe = ptt.DetectionRecipe.shortest_side(160, 256, flip=0.0)  # the same pixels every epoch
+    ref = [b.images.clone() for b in ptt.make_detection_loader(ds, 1, recipe, _cfg(shuffle=False))]
+    cfg = _cfg(shuffle=False, num_workers=2, prefetch_factor=1)  # 3 buffers per worker, 6 batches per epoch
+    loader = ptt.make_detection_loader(ds, 1, recipe, cfg)
+    held = held_view = None
+    files = []
+    for _ in range(3):
+        for k, b in enumerate(loader):
+            assert torch.equal(b.images, ref[k])  # nothing overwrote a batch before it arrived
+            files.append(_inode(b.images))
+            if held is None:  # kept by the user, through a view only, for the rest of the run
+                held, held_view = b.images.clone(), b.images[0, :, 2:40].numpy()
+            del b
+    assert held_view is not None and torch.equal(torch.from_numpy(held_view), held[0, :, 2:40])
+    assert len(files) == 3 * len(ref) and len(set(files)) < len(files)  # buffers were reused...
+    assert files.count(files[0]) == 1  # ...but never the one the user still holds
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ddp_ranks_see_every_image_exactly_once_with_aspect_groups(drop_last):
     rng = np.random.default_rng(0)

@@ -5,7 +5,9 @@ Not a trick (leading underscore): make_loader's machinery, kept apart so the tri
 
 from __future__ import annotations
 
+import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,6 +93,68 @@ def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.uint8)
     storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+_SLOT_FLAGS: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+class BatchSlots:
+    """Shared-memory batch buffers that each DataLoader worker reuses once the main process is done with them.
+
+    ``batch_buffer`` hands over a fresh shared-memory file per batch: the worker takes a page fault on every 4 KiB
+    it writes (the kernel zeroes each page first) and the file is torn down when the main process drops the batch.
+    For detection batches (~10 MB for 4 images at 800 px) that is ~2.6 ms of system time per image in the worker,
+    measured (``docs/guides/detection.md``). Here each worker keeps ``slots`` buffers; a buffer is marked busy in
+    a small shared flag array when it is filled, and the main process clears the mark when the last tensor over
+    its copy of the batch is freed (a finalizer on the storage: views, slices and numpy arrays of the batch keep
+    it busy). A worker with every slot busy - the user holds many batches - allocates a fresh buffer as before, so
+    a slot is never written while the main process can still read it, and nothing ever waits.
+
+    Made in the main process before the workers start (it is pickled into them with the dataset); outside a
+    worker ``acquire`` returns a plain tensor.
+    """
+
+    def __init__(self, workers: int, slots: int = 4) -> None:
+        self.slots = slots
+        self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.uint8).share_memory_()
+        self.key = os.urandom(8).hex()
+        _SLOT_FLAGS[self.key] = self.flags  # main process: how a received batch finds its flag
+        self._mine: dict[int, torch.UntypedStorage] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"slots": self.slots, "flags": self.flags, "key": self.key}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.slots, self.flags, self.key = state["slots"], state["flags"], state["key"]
+        self._mine = {}
+
+    def acquire(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+        """A uint8 buffer of ``shape`` and its slot number (-1: a fresh buffer that no one reuses)."""
+        info = torch.utils.data.get_worker_info()
+        if info is None or (info.id + 1) * self.slots > len(self.flags):
+            return batch_buffer(shape), -1
+        numel = int(np.prod(shape))
+        flags = self.flags.numpy()
+        for s in range(info.id * self.slots, (info.id + 1) * self.slots):
+            if flags[s]:
+                continue  # the main process still holds that batch
+            storage = self._mine.get(s)
+            if storage is None or storage.nbytes() < numel:
+                storage = self._mine[s] = torch.UntypedStorage._new_shared(numel)
+            flags[s] = 1
+            return torch.empty(0, dtype=torch.uint8).set_(storage)[:numel].view(shape), s
+        return batch_buffer(shape), -1
+
+
+def watch_slot(images: torch.Tensor, key: str, slot: int) -> None:
+    """In the main process: free ``slot`` of the ``BatchSlots`` named ``key`` when ``images``' storage is freed."""
+    flags = _SLOT_FLAGS.get(key) if slot >= 0 else None
+    if flags is not None:
+        weakref.finalize(images.untyped_storage(), _free_slot, flags, slot)
+
+
+def _free_slot(flags: torch.Tensor, slot: int) -> None:
+    flags[slot] = 0
 
 
 class EpochBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]

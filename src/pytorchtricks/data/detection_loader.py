@@ -11,18 +11,16 @@ removed - clipped to nothing, under 1 px, or centred outside an IoU crop). This 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from pytorchtricks.core import PttError
-from pytorchtricks.data.batches import EpochBatches
+from pytorchtricks.data.batches import BatchSlots, EpochBatches, batch_buffer, watch_slot
 from pytorchtricks.data.decode import image_size
 from pytorchtricks.data.recipes import DetectionRecipe
-
-Alloc = Callable[[tuple[int, ...]], torch.Tensor]
 
 
 class DetectionBatch(NamedTuple):
@@ -137,12 +135,15 @@ def target_from_json(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class DetectionBatcher:
-    """Picklable: ``(dataset, epoch, indices, alloc) -> DetectionBatch``; runs inside DataLoader workers."""
+    """Picklable: ``(dataset, epoch, indices, slots) -> DetectionBatch``; runs inside DataLoader workers, where the
+    images land in one of the worker's reused shared-memory buffers (``slots``)."""
 
     def __init__(self, recipe: DetectionRecipe, seed: int, backend: str = "auto", scaled_decode: bool = True):
         self.recipe, self.seed, self.backend, self.scaled_decode = recipe, seed, backend, scaled_decode
 
-    def __call__(self, dataset: Any, epoch: int, indices: np.ndarray, alloc: Alloc) -> DetectionBatch:
+    def __call__(
+        self, dataset: Any, epoch: int, indices: np.ndarray, slots: BatchSlots | None = None
+    ) -> DetectionBatch:
         idx = [int(i) for i in indices]
         brng = np.random.Generator(np.random.PCG64([self.seed, epoch, 1 << 40, *idx[:1]]))
         min_size = self.recipe.batch_min_size(brng)  # one short side per batch (multi-scale training)
@@ -155,7 +156,8 @@ class DetectionBatcher:
             plans.append(self.recipe.plan(hw, sample_rng(self.seed, epoch, i), min_size, boxes))
             items.append((raw, target, boxes))
         ch, cw = self.recipe.canvas_hw([g.out_hw for g in plans])
-        out = alloc((len(idx), ch, cw, 3))
+        shape = (len(idx), ch, cw, 3)
+        out, slot = slots.acquire(shape) if slots is not None else (batch_buffer(shape), -1)
         buf = out.numpy()
         targets, sizes = [], []
         for k, ((raw, target, boxes), g) in enumerate(zip(items, plans, strict=True)):
@@ -166,7 +168,8 @@ class DetectionBatcher:
             sizes.append(g.out_hw)
         images, out_hw = out.permute(0, 3, 1, 2), np.asarray(sizes, np.int64).reshape(-1, 2)
         if torch.utils.data.get_worker_info() is not None:
-            return _Wire(images, out_hw, targets)  # type: ignore[return-value]  # a DetectionBatch once unpickled
+            key = slots.key if slots is not None else ""
+            return _Wire(images, out_hw, targets, key, slot)  # type: ignore[return-value]  # a DetectionBatch once unpickled
         return _from_wire(images, out_hw, targets)
 
 
@@ -176,16 +179,22 @@ class _Wire:
     shared-memory file of its own and a descriptor passed over a socket: a batch of 4 targets is 18 of them, about
     6 ms of the main process's time per batch (measured: 6.0 ms vs 0.15 ms for the same arrays inline). The
     DataLoader's ``default_convert`` leaves this object alone; unpickling it in the main process makes the
-    ``DetectionBatch`` (``_from_wire``: tensors over the unpickled arrays, no copy)."""
+    ``DetectionBatch`` (``_from_wire``: tensors over the unpickled arrays, no copy) and tells the worker's
+    ``BatchSlots`` when the images' buffer may be reused."""
 
-    def __init__(self, images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]]) -> None:
-        self.images, self.sizes, self.targets = images, sizes, targets
+    def __init__(
+        self, images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]], key: str, slot: int
+    ) -> None:
+        self.images, self.sizes, self.targets, self.key, self.slot = images, sizes, targets, key, slot
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_from_wire, (self.images, self.sizes, self.targets))
+        return (_from_wire, (self.images, self.sizes, self.targets, self.key, self.slot))
 
 
-def _from_wire(images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]]) -> DetectionBatch:
+def _from_wire(
+    images: torch.Tensor, sizes: np.ndarray, targets: list[dict[str, Any]], key: str = "", slot: int = -1
+) -> DetectionBatch:
+    watch_slot(images, key, slot)
     tensors = [
         {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in t.items()} for t in targets
     ]

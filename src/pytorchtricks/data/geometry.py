@@ -180,7 +180,8 @@ class Geometry:
         """When the window starts on a whole pixel of the decoded grid and lies inside the image (every
         shortest-side plan: the whole image), resample with ``cv2.resize`` given the exact scale factors (``fx``,
         ``fy``; OpenCV then maps output pixel ``i`` to ``(i + 0.5) / fx - 0.5``, the warp's own map) - about 3x
-        cheaper than the warp - and flip after. False: not that case (the warp does it)."""
+        cheaper than the warp - straight into ``dst`` where it fits, and flip there in place. False: not that case
+        (the warp does it)."""
         import cv2
 
         if valid != self.window:
@@ -194,16 +195,24 @@ class Geometry:
         if min(fy, fx) <= 0.5:  # bilinear would alias (no DCT scale brought the shrink under 2x)
             return False
         oh, ow = self.out_hw
-        # the window's rows/columns and one more for the interpolation at its far edge (the image's edge clamps)
-        rh, rw = math.ceil(self.window[2] / denom) + 1, math.ceil(self.window[3] / denom) + 1
+        # the decoded rows/columns the output reads: the last output row samples (oh - 0.5) / fy - 0.5 and the
+        # row after it (the image's edge clamps); OpenCV's output is round(rows * fy) >= oh rows of which oh are kept
+        rh = math.floor((oh - 0.5) / fy - 0.5) + 2
+        rw = math.floor((ow - 0.5) / fx - 0.5) + 2
         region = px[y0i : y0i + rh, x0i : x0i + rw]
-        out = cv2.resize(region, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
-        if out.shape[0] < oh or out.shape[1] < ow:
+        rh, rw = region.shape[:2]
+        full = (round(rh * fy), round(rw * fx))  # OpenCV's own output size (cvRound) for these factors
+        if full[0] < oh or full[1] < ow:
             return False
-        out = out[:oh, :ow]
+        if full[0] <= dst.shape[0] and full[1] <= dst.shape[1]:
+            view = dst[: full[0], : full[1]]  # the rows/columns past the output are padding: filled below
+            out = cv2.resize(region, None, dst=view, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+            if out.shape != view.shape or not np.shares_memory(out, view):
+                view[...] = out  # OpenCV made its own array after all (a size it rounded otherwise)
+        else:  # no room for OpenCV's extra row/column in this slot
+            dst[:oh, :ow] = cv2.resize(region, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)[:oh, :ow]
         if self.flip:
-            out = cv2.flip(out, 1)
-        dst[:oh, :ow] = out
+            cv2.flip(dst[:oh, :ow], 1, dst=dst[:oh, :ow])  # in place: OpenCV swaps columns pairwise
         dst[oh:] = fill
         dst[:oh, ow:] = fill
         return True

@@ -14,9 +14,9 @@ Caveats: batches are ``DetectionBatch(images uint8 [N,3,H,W] padded, sizes, targ
 provided. Each sample's randomness depends only on (seed, epoch, index): the same batches at any worker or rank count.
 See also: make_loader (classification), pack (detection roots pack with their boxes), open_detection; 预处理提速.
 
-The machinery is ``make_loader``'s: whole batches built inside workers (``data.batches.batch_buffer``: shared
-memory, no copy on hand-over), an epoch sampler that gives DDP ranks equal, disjoint shares, and the same ``Loader``
-(``set_epoch``, ``dropped_per_epoch``).
+The machinery is ``make_loader``'s: whole batches built inside workers, in shared memory (no copy on hand-over;
+``data.batches.BatchSlots``: each worker reuses its buffers once the main process has freed them), an epoch
+sampler that gives DDP ranks equal, disjoint shares, and the same ``Loader`` (``set_epoch``, ``dropped_per_epoch``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
-from pytorchtricks.data.batches import batch_buffer, init_worker
+from pytorchtricks.data.batches import BatchSlots, init_worker
 from pytorchtricks.data.detection_loader import (
     DetectionBatch,
     DetectionBatcher,
@@ -71,14 +71,14 @@ class DetectionLoaderConfig:
 class _DetectionBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Key ``(epoch, indices)`` -> one whole ``DetectionBatch``; runs inside DataLoader workers."""
 
-    def __init__(self, dataset: Any, batcher: DetectionBatcher) -> None:
-        self.dataset, self.batcher = dataset, batcher
+    def __init__(self, dataset: Any, batcher: DetectionBatcher, slots: BatchSlots) -> None:
+        self.dataset, self.batcher, self.slots = dataset, batcher, slots
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, np.ndarray]) -> DetectionBatch:
-        return self.batcher(self.dataset, key[0], key[1], batch_buffer)
+        return self.batcher(self.dataset, key[0], key[1], self.slots)
 
 
 def make_detection_loader(
@@ -134,7 +134,11 @@ def make_detection_loader(
             worker_init_fn=init_worker,
         )
     dl = torch.utils.data.DataLoader(
-        _DetectionBatches(dataset, DetectionBatcher(rec, cfg.seed, cfg.backend, cfg.scaled_decode)),
+        _DetectionBatches(
+            dataset,
+            DetectionBatcher(rec, cfg.seed, cfg.backend, cfg.scaled_decode),
+            BatchSlots(workers, cfg.prefetch_factor + 2),
+        ),
         batch_size=None,
         sampler=sampler,
         num_workers=workers,
