@@ -113,3 +113,49 @@ def test_model_tricks_are_checked_on_the_detectors_loss_dict(workload, trick):
     assert c.passed, c.detail
     if trick == "fast_optimizer":
         assert c.metrics["out_rel"] == 0.0 and c.metrics["param_rel"] <= 1e-6
+
+
+@pytest.mark.parametrize("recommended", [["make_loader"], []])
+def test_apply_py_of_a_detection_receipt_runs_with_its_loop(workload, coco, recommended):
+    """apply.py of a detection receipt is the user's code: apply() over ptt.open_detection(root) builds the
+    recommended loader, and the loop its comments give (images cut to their sizes, the loss dict summed) steps the
+    detector on a batch of it (a line naming an undefined variable, or a classification loop, fails here)."""
+    import re
+    import textwrap
+
+    import pytorchtricks as ptt
+    from pytorchtricks.tune import receipt
+
+    payload = {
+        "recommended": recommended,
+        "workload": {"for": "train", "model": DETECTOR, "batch_size": 2, "input_size": 96, "input_shape": [3, 96, 96],
+                     "num_workers": 0, "task": "detection", "max_size": workload.max_size},
+        "combined": {"ratio": 2.0, "ratio_q1": 1.9, "ratio_q3": 2.1} if recommended else None,
+        "env": {"device_name": "cpu", "threads": 2, "torch": torch.__version__},
+        "candidates": [],
+    }  # fmt: skip
+    code = receipt.apply_snippet(payload)
+    assert "ROOT" not in code and "loss_fn" not in code
+    ns: dict = {}
+    exec(compile(code, "apply.py", "exec"), ns)
+    dataset = ptt.open_detection(coco)
+    model, optimizer, loader, mp = ns["apply"](workload.model_factory(), dataset, 2)
+    loop = code[code.index("# In your loop") :].split("\n\n")[0].split("\n")
+    body = textwrap.dedent("\n".join(ln[1:] for ln in loop if re.match(r"#\s{5}", ln)))
+    batch = next(iter(loader))
+    env = {"model": model, "optimizer": optimizer, "mp": mp, "device": "cpu", "torch": torch}
+    if recommended:
+        assert batch.images.dtype == torch.uint8 and min(batch.sizes.tolist()[0]) == 96
+        env["batch"] = batch
+    else:  # the reference's list collate over our dataset: (bytes, target) pairs, decoded as the reference does
+        from torchvision.io import decode_jpeg
+
+        env["images"] = [
+            decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8)).float() / 255 for raw in batch[0]
+        ]
+        env["targets"] = [{k: torch.as_tensor(t[k]) for k in ("boxes", "labels")} for t in batch[1]]
+    before = [p.detach().clone() for p in model.parameters()]
+    exec(compile(body, "loop", "exec"), env)
+    assert torch.isfinite(env["loss"]) and any(
+        not torch.equal(a, p) for a, p in zip(before, model.parameters())
+    )

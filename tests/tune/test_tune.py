@@ -212,6 +212,17 @@ def test_apply_check_rebuilds_the_workload_and_remeasures(tmp_path, models_file)
     path.write_text(json.dumps({"workload": {}, "recommended": []}), encoding="utf-8")
     with pytest.raises(PttError, match="rebuild"):
         check_receipt(str(path))
+    # the default model (--model not given) is rebuilt; a script's own model object cannot be
+    default = dict(rebuild, model=None, optimizer=["sgd", {"lr": 0.01}], model_object=False)
+    path.write_text(json.dumps(dict(receipt, workload={"rebuild": default})), encoding="utf-8")
+    assert check_receipt(str(path), steps=1, budget_s=4)["baseline_images_per_s"] > 0
+    for record in ({"rebuild": dict(default, model_object=True)}, {"rebuild": default, "script": "train.py"}):
+        del_flag = {
+            k: v for k, v in record["rebuild"].items() if "script" not in record or k != "model_object"
+        }
+        path.write_text(json.dumps(dict(receipt, workload=dict(record, rebuild=del_flag))), encoding="utf-8")
+        with pytest.raises(PttError, match="script's own model"):
+            check_receipt(str(path))
 
 
 @pytest.mark.parametrize("recommended", [["cache_in_ram"], ["pack"], ["pack[resize]"], ["autotune_loader"]])

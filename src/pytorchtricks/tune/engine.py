@@ -910,6 +910,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     # how to build this workload again: `python apply.py --check` re-measures the recommendation on it
     res.workload["rebuild"] = {
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
+        "model_object": isinstance(model, torch.nn.Module),  # a script's own model: nothing here rebuilds it
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
         "optimizer": list(w.optimizer), "device_step_ms": device_step_ms, "task": w.task,
     }  # fmt: skip

@@ -159,8 +159,12 @@ def apply_snippet(p: dict[str, Any]) -> str:
     if train:
         body.append(f"    optimizer = torch.optim.{_torch_optim(fields)}  # the loop's own optimizer")
         body += by_change.get("optimizer", [])
+    detection = fields["task"] == "detection"
     body.append(
-        f"    loader = DataLoader(dataset, batch_size, shuffle={train}, drop_last={train}{extra})  # as today"
+        f"    loader = DataLoader(dataset, batch_size, shuffle={train}{extra}, collate_fn=lambda b: tuple(zip(*b)))"
+        "  # as today (the detection reference's list collate)"
+        if detection
+        else f"    loader = DataLoader(dataset, batch_size, shuffle={train}, drop_last={train}{extra})  # as today"
     )
     body += by_change.get("loader", [])
     body.append("    mp = ptt.mixed_precision(device, enabled=False)  # fp32" + _fp32_reason(p["candidates"]))
@@ -184,6 +188,27 @@ def apply_snippet(p: dict[str, Any]) -> str:
         "# In your loop (uint8 batches from ptt.make_loader: normalise on the device):",
         "#     x = x.to(device, non_blocking=True)",
     ]
+    if detection and train:  # a detector takes a list of images and a list of targets, returns its losses
+        ours = "make_loader" in names
+        loop_head = (
+            [
+                "# In your loop (padded uint8 batches from ptt.make_detection_loader: each image cut to its size,",
+                "# /255 on the device):",
+                "#     images = [batch.images[i, :, :h, :w].to(device, non_blocking=True).float().div_(255)",
+                "#               for i, (h, w) in enumerate(batch.sizes.tolist())]",
+                "#     targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in batch.targets]",
+            ]
+            if ours
+            else [
+                "# In your loop (the reference's (images, targets) lists):",
+                "#     images = [im.to(device, non_blocking=True) for im in images]",
+                "#     targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in targets]",
+            ]
+        )
+        step = (
+            "#     with mp.autocast():\n#         loss = sum(model(images, targets).values())  # the loss dict\n"
+            "#     optimizer.zero_grad(set_to_none=True)\n#     mp.backward(loss)\n#     mp.step(optimizer)"
+        )
     if loops:
         loop_head, step = (
             ["# Your loop, with the recommended step:"],
@@ -206,7 +231,12 @@ def apply_snippet(p: dict[str, Any]) -> str:
         "",
         *([*script, "", ""] if script else [""]),
         'def apply(model, dataset, batch_size, device="cpu"):',
-        f'    """Apply the winning tricks; returns ({ret}). ``dataset``: ptt.JpegFolder(root) for image folders."""',
+        f'    """Apply the winning tricks; returns ({ret}). ``dataset``: '
+        + (
+            'ptt.open_detection(root) (a COCO / YOLO / VOC root)."""'
+            if detection
+            else 'ptt.JpegFolder(root) for image folders."""'
+        ),
         *body,
         f"    return {ret}",
         "",
@@ -269,7 +299,6 @@ def _script_lines(p: dict[str, Any], names: list[str], fields: dict[str, Any]) -
         out.append(f"#     {verb.get(how, 'add')} ({', '.join(group)}):")
         code = [_line(n, fields) for n in group]
         if kind == "loader" and fields.get("task") == "detection":
-            code = [c.replace("ptt.open_detection(ROOT)", "dataset") for c in code]
             code.insert(
                 0,
                 f"dataset = ptt.open_detection('YOUR/instances_TRAIN.json', images={sc.get('root')!r})"

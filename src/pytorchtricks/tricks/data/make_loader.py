@@ -57,7 +57,7 @@ TUNE = TuneHook(
     # on a detection workload tune builds ptt.make_detection_loader in its place (the decode at the training size,
     # boxes that follow): the same idea, the detection geometry
     tasks=("classification", "detection"),
-    detection_receipt="loader = ptt.make_detection_loader(ptt.open_detection(ROOT), {batch_size}, "
+    detection_receipt="loader = ptt.make_detection_loader(dataset, {batch_size}, "
     "ptt.DetectionRecipe.shortest_side({input_size}, {max_size}), ptt.DetectionLoaderConfig(num_workers={workers}))"
     "  # padded uint8 batches: cut each image to batch.sizes[i], /255 on the device",
 )
