@@ -129,7 +129,8 @@ class TuneSetup:
     batch) with ``accumulate(model, optimizer, precision)`` building the object whose ``backward(loss, weight=)``
     accumulates them (e.g. ``ptt.accumulate_gradients``); ``activation_budget_bytes``: what the activations of one
     micro-batch may take in a memory search (the budget less params, grads and optimizer state; None: no budget),
-    for a hook that plans to a budget (a checkpoint planner).
+    for a hook that plans to a budget (a checkpoint planner). ``task``: the workload's (``"classification"`` or
+    ``"detection"``: the model is a torchvision detector taking lists of images and targets).
     """
 
     model: Any
@@ -155,6 +156,7 @@ class TuneSetup:
     micro_batches: int = 1
     accumulate: Callable[[Any, Any, Any], Any] | None = None
     activation_budget_bytes: int | None = None
+    task: str = "classification"
 
     @property
     def micro_batch_size(self) -> int:
@@ -194,7 +196,7 @@ class TuneHook:
         last: the trick tunes what the others built (a loader sweep timed over the chosen dataset): the
             combination adds it after every other winner, and its ``prepare`` runs again over that combination.
         loop: a step hook's training loop for ``apply.py`` (replaces the plain loop there; ``{receipt}`` is its
-            receipt line, plus the receipt's fields).
+            receipt line, plus the receipt's fields); ``detection_loop``: the same on a detection workload.
         tasks: the workloads the hook builds and checks (``"classification"``, ``"detection"``); tune skips it
             on others, saying so. ``detection_receipt``: its receipt line on a detection workload (default:
             ``receipt``); it may name ``{max_size}``, the long side's cap.
@@ -217,6 +219,7 @@ class TuneHook:
     loop: str = ""
     tasks: tuple[str, ...] = ("classification",)
     detection_receipt: str = ""
+    detection_loop: str = ""
 
     def __post_init__(self) -> None:
         if self.changes not in CHANGES:

@@ -115,7 +115,10 @@ def test_model_tricks_are_checked_on_the_detectors_loss_dict(workload, trick):
         assert c.metrics["out_rel"] == 0.0 and c.metrics["param_rel"] <= 1e-6
 
 
-@pytest.mark.parametrize("recommended", [["make_loader"], []])
+@pytest.mark.parametrize(
+    "recommended",
+    [["make_loader"], [], ["accumulate_gradients[2]"], ["accumulate_gradients[2]", "make_loader"]],
+)
 def test_apply_py_of_a_detection_receipt_runs_with_its_loop(workload, coco, recommended):
     """apply.py of a detection receipt is the user's code: apply() over ptt.open_detection(root) builds the
     recommended loader, and the loop its comments give (images cut to their sizes, the loss dict summed) steps the
@@ -140,22 +143,46 @@ def test_apply_py_of_a_detection_receipt_runs_with_its_loop(workload, coco, reco
     exec(compile(code, "apply.py", "exec"), ns)
     dataset = ptt.open_detection(coco)
     model, optimizer, loader, mp = ns["apply"](workload.model_factory(), dataset, 2)
-    loop = code[code.index("# In your loop") :].split("\n\n")[0].split("\n")
+    head = "# Your loop" if "accumulate_gradients[2]" in recommended else "# In your loop"
+    loop = code[code.index(head) :].split("\n\n")[0].split("\n")
     body = textwrap.dedent("\n".join(ln[1:] for ln in loop if re.match(r"#\s{5}", ln)))
     batch = next(iter(loader))
-    env = {"model": model, "optimizer": optimizer, "mp": mp, "device": "cpu", "torch": torch}
-    if recommended:
+    env = {"model": model, "optimizer": optimizer, "mp": mp, "device": "cpu", "torch": torch, "ptt": ptt}
+    if "make_loader" in recommended:
         assert batch.images.dtype == torch.uint8 and min(batch.sizes.tolist()[0]) == 96
-        env["batch"] = batch
+        env["batch"], env["loader"] = batch, [batch]
     else:  # the reference's list collate over our dataset: (bytes, target) pairs, decoded as the reference does
         from torchvision.io import decode_jpeg
 
-        env["images"] = [
+        images = [
             decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8)).float() / 255 for raw in batch[0]
         ]
-        env["targets"] = [{k: torch.as_tensor(t[k]) for k in ("boxes", "labels")} for t in batch[1]]
+        targets = [{k: torch.as_tensor(t[k]) for k in ("boxes", "labels")} for t in batch[1]]
+        env["batch"] = (images, targets)
+        env["loader"] = [env["batch"]]
     before = [p.detach().clone() for p in model.parameters()]
     exec(compile(body, "loop", "exec"), env)
     assert torch.isfinite(env["loss"]) and any(
         not torch.equal(a, p) for a, p in zip(before, model.parameters())
     )
+
+
+def test_a_detectors_memory_candidates_checkpoint_its_backbone_exactly(coco):
+    """--memory-budget on a detector: the backbone + FPN checkpointed (outputs, gradients and the update equal: exact)
+    at a lower measured peak; K micro-batches step every parameter, with the measured difference a detector's
+    per-batch sampling, normalisation and padding make (the caveat the search carries). The whole search runs in
+    the acceptance run (docs/guides/detection.md): at this size it takes minutes."""
+    from pytorchtricks.tune.memory import measure_peak
+    from pytorchtricks.tune.runner import stage_batches
+
+    w = build_workload(DETECTOR, coco, batch_size=4, input_size=96, num_workers=0, task="detection")
+    ck = check(w, ("checkpoint_activations",), samples=4)
+    assert ck.passed and ck.metrics["grad_rel"] == 0 and ck.metrics["param_rel"] == 0, ck.detail
+    acc = check(w, ("accumulate_gradients[2]",), samples=4)
+    assert acc.passed and acc.metrics["update_rel_detection"] > 0, acc.detail  # not the whole batch's update
+    batches = stage_batches(w, 1)
+    said: list[str] = []
+    base, _, _, _ = measure_peak(w, (), batches)
+    ckpt, _, _, err = measure_peak(w, ("checkpoint_activations",), batches, said)
+    assert not err and base and ckpt and ckpt < base
+    assert any("checkpoint plan of the backbone" in s for s in said)

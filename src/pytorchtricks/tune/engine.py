@@ -557,12 +557,6 @@ def run_tune(
             "--memory-budget / --goal memory search training configurations (accumulation, checkpointing, "
             "in-place layers); for inference memory see ptt optimize (int8, pruning)."
         )
-    if memory_mode and w.task == "detection":
-        raise PttError(
-            "--memory-budget / --goal memory search a classification step's memory tricks; on --task detection "
-            "they are not built yet. Today: ptt.checkpoint_activations_(model.backbone, ...) and "
-            "ptt.accumulate_gradients by hand, or tune the detector's speed without a memory budget."
-        )
     budget = DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s)
     if budget <= 0:
         raise PttError(f"--time-budget must be positive seconds, not {budget}.")

@@ -229,12 +229,15 @@ def measure_peak(
 # ----------------------------------------------------------------------------------------------- predictions
 
 
-def predict_peak(w: Workload, tricks: tuple[str, ...]) -> int:
+def predict_peak(w: Workload, tricks: tuple[str, ...]) -> int | None:
     """``estimate_memory`` of the configuration on its own treated model: a probe step on a few samples, its
     batch-dependent part (activations, the saved input, the backward's transients) scaled to the micro-batch,
-    plus the whole batch the step holds before it splits it."""
+    plus the whole batch the step holds before it splits it. None on a detector (each configuration is
+    measured)."""
     from pytorchtricks.analysis.memory import estimate_memory
 
+    if w.task == "detection":  # estimate_memory probes a model of one batch tensor; a detector takes lists
+        return None
     r = Runner(w, tricks, loader=False)
     try:
         micro = -(-w.batch_size // r.micro_batches)
@@ -271,8 +274,8 @@ def _to_measure(points: list[MemoryPoint], budget: int | None) -> list[MemoryPoi
     """Which predicted points to measure: with a budget, those that may fit and have no proper subset that may
     fit - unless the extra tricks gain speed too (a fused optimizer on top); without one, all (fewest first)."""
     maybe = [p for p in points if p.status == "predicted"]
-    if budget is None:
-        return maybe
+    if budget is None or any(p.predicted_bytes is None for p in maybe):
+        return maybe  # no predictions (a detector): every one may fit, ``_measure`` skips what a measured fit covers
     picked: list[MemoryPoint] = []
     for p in maybe:
         subsets = [q for q in picked if set(q.tricks) < set(p.tricks)]
@@ -358,7 +361,9 @@ def run_memory_search(
     )
     names = _candidates(w, res, facts, prog)
     base.predicted_bytes = predict_peak(w, ())
-    search.estimate_error = base.predicted_bytes / base_peak - 1 if base_peak else None
+    search.estimate_error = (
+        base.predicted_bytes / base_peak - 1 if base_peak and base.predicted_bytes is not None else None
+    )
     base.fits = budget is None or base_peak <= budget
     search.points.append(base)
     if budget is not None and base.fits:
@@ -400,7 +405,7 @@ def _static_bytes(w: Workload) -> int:
     the untreated configuration after one step)."""
     r = Runner(w, (), loader=False)
     try:
-        x, y = w.example_batch(min(2, w.batch_size))
+        x, y = stage_batches(w, 1)[0] if w.task == "detection" else w.example_batch(min(2, w.batch_size))
         r.on_batch(x, y)  # allocates the optimizer state; the gradients are still held
         return r.resident_bytes()
     finally:
@@ -417,6 +422,18 @@ def _measure(
     prog.phase(f"measure the peak of {len(todo)} configurations", len(todo))
     timed: list[MemoryPoint] = []
     for p in todo:
+        fit = [q for q in timed if q.fits and set(q.tricks) < set(p.tricks)]
+        if (
+            budget is not None
+            and fit
+            and not all("speed" in by_name(t).gains for t in set(p.tricks) - set(fit[0].tricks))
+        ):  # measured to fit already (without predictions - a detector - this is only known now)
+            p.status, p.reason = (
+                "not run",
+                f"{fit[0].label} fits: what this adds to it saves memory, not time",
+            )
+            prog.advance()
+            continue
         # a peak costs ~2 steps (a warm one, the metered one); keep the speed run of what is measured + this one
         after = {"baseline": base_step} | {q.label: 1.3 * base_step for q in [*timed, p]}
         keep = time_left_s(dl) - 2.6 * base_step - _final_check_s(base_step)
@@ -553,10 +570,17 @@ def _caveat(res: TuneResult, tricks: tuple[str, ...]) -> str:
     from pytorchtricks.tune.candidates import UPDATE_REL_TOL
 
     for c in res.candidates:
-        diff = (c.check.metrics or {}).get("update_rel_bn_train") if c.check is not None else None
+        metrics = (c.check.metrics or {}) if c.check is not None else {}
+        diff = metrics.get("update_rel_bn_train")
         if c.name in tricks and diff is not None and diff > UPDATE_REL_TOL:
             return (
                 f"{c.name}: BatchNorm sees micro-batches, update differs by {diff:.1e} of its largest entry"
+            )
+        diff = metrics.get("update_rel_detection")
+        if c.name in tricks and diff is not None and diff > UPDATE_REL_TOL:
+            return (
+                f"{c.name}: the detector samples, normalises its losses and pads per micro-batch, update differs "
+                f"by {diff:.1e} of its largest entry"
             )
     return ""
 

@@ -131,6 +131,26 @@ def _line(name: str, fields: dict[str, Any]) -> str:
         return "(not in this build)"
 
 
+def _loop(hook: Any, fields: dict[str, Any]) -> str:
+    """A step hook's own training loop for this task (a detector's loss dict, lists of images), or ""."""
+    return str(hook.detection_loop if fields.get("task") == "detection" else hook.loop)
+
+
+def _detection_inputs(ours: bool) -> list[str]:
+    """The lines of a detection loop that make the detector's inputs (images, targets) of ``batch``: from our
+    padded uint8 batches, or from the reference's list collate."""
+    if ours:
+        return [
+            "images = [batch.images[i, :, :h, :w].to(device, non_blocking=True).float().div_(255)",
+            "          for i, (h, w) in enumerate(batch.sizes.tolist())]",
+            "targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in batch.targets]",
+        ]
+    return [
+        "images = [im.to(device, non_blocking=True) for im in batch[0]]",
+        "targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in batch[1]]",
+    ]
+
+
 def apply_snippet(p: dict[str, Any]) -> str:
     """``apply.py``: the user's setup plus, in the hooks' order, each recommended trick's own receipt line.
 
@@ -170,9 +190,15 @@ def apply_snippet(p: dict[str, Any]) -> str:
     body.append("    mp = ptt.mixed_precision(device, enabled=False)  # fp32" + _fp32_reason(p["candidates"]))
     body += by_change.get("precision", []) + by_change.get("switch", [])
     loops = [  # a step hook's own loop (K micro-batches per optimizer step) replaces the plain one
-        by_name(n).hook.loop.format(receipt=_line(n, fields), **fields)
+        loop.format(
+            receipt=_line(n, fields),
+            detection_inputs="\n    ".join(_detection_inputs("make_loader" in names)),
+            **fields,
+        )
         for n in names
-        if by_change.get("step") and by_name(n).hook.changes == "step" and by_name(n).hook.loop
+        if by_change.get("step") and by_name(n).hook.changes == "step"
+        for loop in [_loop(by_name(n).hook, fields)]
+        if loop
     ]
     ret = "model, optimizer, loader, mp" if train else "model, loader, mp"
     skipped = [
@@ -189,22 +215,13 @@ def apply_snippet(p: dict[str, Any]) -> str:
         "#     x = x.to(device, non_blocking=True)",
     ]
     if detection and train:  # a detector takes a list of images and a list of targets, returns its losses
-        ours = "make_loader" in names
-        loop_head = (
-            [
-                "# In your loop (padded uint8 batches from ptt.make_detection_loader: each image cut to its size,",
-                "# /255 on the device):",
-                "#     images = [batch.images[i, :, :h, :w].to(device, non_blocking=True).float().div_(255)",
-                "#               for i, (h, w) in enumerate(batch.sizes.tolist())]",
-                "#     targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in batch.targets]",
-            ]
-            if ours
-            else [
-                "# In your loop (the reference's (images, targets) lists):",
-                "#     images = [im.to(device, non_blocking=True) for im in images]",
-                "#     targets = [{k: t[k].to(device) for k in ('boxes', 'labels')} for t in targets]",
-            ]
-        )
+        loop_head = [
+            "# In your loop (padded uint8 batches from ptt.make_detection_loader: each image cut to its size, /255"
+            " on the device):"
+            if "make_loader" in names
+            else "# In your loop (batch: the reference's (images, targets) lists):",
+            *(f"#     {ln}" for ln in _detection_inputs("make_loader" in names)),
+        ]
         step = (
             "#     with mp.autocast():\n#         loss = sum(model(images, targets).values())  # the loss dict\n"
             "#     optimizer.zero_grad(set_to_none=True)\n#     mp.backward(loss)\n#     mp.step(optimizer)"

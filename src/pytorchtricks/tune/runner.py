@@ -58,6 +58,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         dataset=w.dataset,
         loader_kwargs={"num_workers": w.num_workers},
         activation_budget_bytes=w.run.activation_budget_bytes,
+        task=w.task,
     )
 
 
@@ -362,6 +363,15 @@ class Runner:
 
         with stage("host->device"):
             images, targets = detection.to_model_inputs(xb, yb, self.w.device)
+        if self.acc is not None:  # K micro-batches of images, each weighted by its images; the K-th steps
+            k = self.micro_batches
+            cuts = [round(i * len(images) / k) for i in range(k + 1)]
+            with stage("backward"), self.acc:
+                for a, b in itertools.pairwise(cuts):
+                    with self.autocast():
+                        _, loss = detection.loss_of(self.forward, images[a:b], targets[a:b])
+                    self.acc.backward(loss, weight=b - a)
+            return loss
         with stage("forward"), self.autocast():
             _, loss = detection.loss_of(self.forward, images, targets)
         with stage("backward"):

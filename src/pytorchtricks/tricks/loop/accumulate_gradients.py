@@ -68,6 +68,19 @@ def _hook(k: int) -> TuneHook:
         apply=lambda setup, state: _tune_apply(k, setup, state),
         applies=lambda facts: _tune_applies(k, facts),
         order=5,  # first: the model rewrites after it (a checkpoint plan) are planned for the micro-batch
+        tasks=("classification", "detection"),  # a detector: K micro-batches of images, its loss dict each
+        detection_loop=(
+            "{receipt}\n"
+            "for batch in loader:  # the batch of {batch_size} images in "
+            f"{k} micro-batches, one optimizer step\n"
+            "    {detection_inputs}\n"
+            f"    n = -(-len(images) // {k})  # images per micro-batch\n"
+            "    with acc:\n"
+            "        for i in range(0, len(images), n):\n"
+            "            with mp.autocast():\n"
+            "                loss = sum(model(images[i : i + n], targets[i : i + n]).values())  # the loss dict\n"
+            f"            acc.backward(loss, weight=len(images[i : i + n]))  # the {k}th steps the optimizer"
+        ),
         group="micro-batch",
         variant=str(k),
         bound="the update equals the whole batch's within 1e-5 relative with BatchNorm in eval mode; BatchNorm's "

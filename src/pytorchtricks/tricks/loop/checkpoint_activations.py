@@ -65,6 +65,9 @@ def _tune_apply(setup: TuneSetup, state: object) -> None:
 
 
 def _tune_plan(setup: TuneSetup) -> None:
+    if setup.task == "detection":
+        _tune_plan_detector(setup)
+        return
     x = setup.example
     budget: int | str = "min"
     if (
@@ -82,11 +85,31 @@ def _tune_plan(setup: TuneSetup) -> None:
     setup.notes.append(f"checkpoint plan (on {len(x)} samples): {plan}")
 
 
+def _tune_plan_detector(setup: TuneSetup) -> None:
+    """A torchvision detector: plan its ``backbone`` (the feature extractor and FPN, where the activations of the
+    full-size image batch live; the heads take lists) to its lowest peak, on a batch of the model's own input:
+    ``transform``'s shortest side, a 4:3 image padded to 32 as ``GeneralizedRCNNTransform`` pads it."""
+    backbone, t = getattr(setup.model, "backbone", None), getattr(setup.model, "transform", None)
+    if not isinstance(backbone, nn.Module) or t is None:
+        raise TuneSkip("the detector has no .backbone and .transform (a torchvision detector's) to plan over")
+    h = int(t.min_size[-1])
+    w = min(int(t.max_size), -(-(h * 4 // 3) // 32) * 32)
+    h = -(-h // 32) * 32
+    x = torch.rand(min(2, setup.micro_batch_size), 3, h, w, device=setup.device)
+    applied_or_skip(checkpoint_activations_, backbone, budget="min", example_inputs=(x,))
+    setup.notes.append(
+        f"checkpoint plan of the backbone (on {len(x)} images of {h}x{w}): {checkpoint_plan(backbone)}"
+    )
+
+
 TUNE = TuneHook(
     changes="model",
     check="exact",
+    tasks=("classification", "detection"),  # a detector: its backbone + FPN, planned to their lowest peak
     receipt='ptt.checkpoint_activations_(model, budget={activation_budget} or "min")  # the module-tree planner, '
     "planned at the first training forward for its batch (bytes of activation peak; min: the lowest peak)",
+    detection_receipt='ptt.checkpoint_activations_(model.backbone, budget="min")  # the module-tree planner on the '
+    "detector's backbone + FPN, planned at its first training forward (min: the lowest peak)",
     apply=_tune_apply,
     order=35,
     bound="outputs, gradients and the update equal the untreated step's (recomputation, same kernels)",
