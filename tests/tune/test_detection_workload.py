@@ -117,9 +117,12 @@ def test_model_tricks_are_checked_on_the_detectors_loss_dict(workload, trick):
 
 @pytest.mark.parametrize(
     "recommended",
-    [["make_loader"], [], ["accumulate_gradients[2]"], ["accumulate_gradients[2]", "make_loader"]],
-)
-def test_apply_py_of_a_detection_receipt_runs_with_its_loop(workload, coco, recommended):
+    [["make_loader"], [], ["accumulate_gradients[2]"], ["accumulate_gradients[2]", "make_loader"],
+     ["pack[resize]", "make_loader"]],
+)  # fmt: skip
+def test_apply_py_of_a_detection_receipt_runs_with_its_loop(
+    workload, coco, recommended, tmp_path, monkeypatch
+):
     """apply.py of a detection receipt is the user's code: apply() over ptt.open_detection(root) builds the
     recommended loader, and the loop its comments give (images cut to their sizes, the loss dict summed) steps the
     detector on a batch of it (a line naming an undefined variable, or a classification loop, fails here)."""
@@ -132,13 +135,14 @@ def test_apply_py_of_a_detection_receipt_runs_with_its_loop(workload, coco, reco
     payload = {
         "recommended": recommended,
         "workload": {"for": "train", "model": DETECTOR, "batch_size": 2, "input_size": 96, "input_shape": [3, 96, 96],
-                     "num_workers": 0, "task": "detection", "max_size": workload.max_size},
+                     "num_workers": 0, "task": "detection", "max_size": workload.max_size, "source": coco},
         "combined": {"ratio": 2.0, "ratio_q1": 1.9, "ratio_q3": 2.1} if recommended else None,
         "env": {"device_name": "cpu", "threads": 2, "torch": torch.__version__},
         "candidates": [],
     }  # fmt: skip
     code = receipt.apply_snippet(payload)
-    assert "ROOT" not in code and "loss_fn" not in code
+    assert ("ROOT = " in code) == ("pack[resize]" in recommended) and "loss_fn" not in code
+    monkeypatch.chdir(tmp_path)  # the pack line writes ./pack-out
     ns: dict = {}
     exec(compile(code, "apply.py", "exec"), ns)
     dataset = ptt.open_detection(coco)
@@ -186,3 +190,22 @@ def test_a_detectors_memory_candidates_checkpoint_its_backbone_exactly(coco):
     ckpt, _, _, err = measure_peak(w, ("checkpoint_activations",), batches, said)
     assert not err and base and ckpt and ckpt < base
     assert any("checkpoint plan of the backbone" in s for s in said)
+
+
+@pytest.mark.parametrize("trick", ["pack", "pack[resize]"])
+def test_a_detection_root_packs_for_tune_with_its_boxes(coco, trick, tmp_path, monkeypatch):
+    """The pack candidates serve a detector: the root packed once (resized to the training size for pack[resize],
+    the boxes scaled with it) and read by our loader; the data check compares the pack's batches with the source
+    images and boxes (pixels >= 30 dB, boxes within 1 px)."""
+    monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path / "cache"))
+    # 160 px: re-encoded at 96 px (JPEG quality 90) these small photos lose 29.9 dB, under the bound (measured)
+    w = build_workload(DETECTOR, coco, batch_size=2, input_size=160, num_workers=0, task="detection")
+    assert "detection" in by_name(trick).hook.tasks
+    got = check(w, (trick, "make_loader"))
+    assert got.passed and "boxes within" in got.detail and "of the source" in got.detail, got.detail
+    r = Runner(w, (trick, "make_loader"))
+    try:
+        assert type(r.setup.dataset).__name__ != "DetectionDataset"  # the pack, not the root
+        r.step()
+    finally:
+        r.close()

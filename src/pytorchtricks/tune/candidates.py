@@ -282,7 +282,10 @@ def _data(w: Workload, tricks: tuple[str, ...]) -> Check:
         if w.task == "detection":
             from pytorchtricks.tune.detection import check_loader
 
-            got = check_loader(s.dataset, w.input_size, w.max_size or 1333, s.loader_kwargs)
+            got = check_loader(
+                s.dataset, w.input_size, w.max_size or 1333, s.loader_kwargs,
+                reference=None if s.dataset is w.dataset else w.dataset,  # a pack: against what it was made of
+            )  # fmt: skip
         elif s.loader == "device":  # resident on the device: its own batching, checked the same way
             side = int(s.dataset.images.shape[-1])
             got = check_device_data(s.dataset, w.labels, w.files, size=w.input_size, side=side)

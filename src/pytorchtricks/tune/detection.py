@@ -157,20 +157,47 @@ def our_loader(
     return make_detection_loader(dataset, batch_size, recipe, cfg)
 
 
-def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, Any], n: int = 24) -> Any:
+class _Head(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """The first ``n`` samples of a detection dataset or pack as ``(encoded bytes, target)``."""
+
+    def __init__(self, dataset: Any, n: int) -> None:
+        self.dataset, self.n = dataset, min(n, len(dataset))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        from pytorchtricks.data.detection_loader import read_detection_item
+
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return read_detection_item(self.dataset, i)
+
+
+def check_loader(
+    dataset: Any, min_size: int, max_size: int, kwargs: dict[str, Any], n: int = 24, reference: Any = None
+) -> Any:
     """The data check of our detection loader on the first ``n`` images, before it is timed: every image exactly
     once per epoch, every box inside its image, and pixels >= ``MIN_PSNR_DB`` of PIL's full decode resized by
-    torchvision (the model's own resize) on the same geometry (no flip)."""
+    torchvision (the model's own resize) on the same geometry (no flip). ``reference``: the dataset ``dataset``
+    was made from (a pack of it, in its order): the pixels are compared with its images - what a pack at the
+    training size lost to its resize counts - and each image's boxes, scaled to the output, with ours within 1 px."""
     from PIL import Image
     from torchvision.transforms import v2 as T
 
     from pytorchtricks.tune.datacheck import DataCheck, psnr_db
 
-    sub = torch.utils.data.Subset(dataset, list(range(min(n, len(dataset)))))
+    sub = _Head(dataset, n)
+    ref = _Head(reference if reference is not None else dataset, n)
     want = {int(sub[i][1]["image_id"]): i for i in range(len(sub))}  # batches come grouped by aspect ratio
+    for i in range(len(sub)) if reference is not None else ():
+        if int(ref[i][1]["image_id"]) != int(sub[i][1]["image_id"]):
+            return DataCheck(
+                "data: detection", False, f"sample {i} of the pack is not image {ref[i][1]['image_id']}"
+            )
     ld = our_loader(sub, 4, min_size, max_size, {"num_workers": 0}, seed=0, train=False)
     seen: list[int] = []
-    worst = float("inf")
+    worst, box_err = float("inf"), 0.0
     for b in ld:
         for k, ((h, w), t) in enumerate(zip(b.sizes.tolist(), b.targets, strict=True)):
             seen.append(int(t["image_id"]))
@@ -181,21 +208,34 @@ def check_loader(dataset: Any, min_size: int, max_size: int, kwargs: dict[str, A
                 return DataCheck(
                     "data: detection", False, f"image {t['image_id']}: a box outside its {w}x{h} image"
                 )
+            raw, target = ref[want[int(t["image_id"])]]
+            if reference is not None:  # the source's boxes, scaled to this output, against ours
+                from pytorchtricks.data.decode import image_size
+
+                sh, sw = image_size(raw)
+                src = torch.as_tensor(target["boxes"], dtype=torch.float32).reshape(-1, 4)
+                src = (src * torch.tensor([w / sw, h / sh, w / sw, h / sh])).clamp(min=0)
+                src = torch.minimum(src, torch.tensor([w, h, w, h], dtype=torch.float32))
+                if src.shape != bx.shape:
+                    return DataCheck(
+                        "data: detection", False, f"image {t['image_id']}: {len(bx)} boxes for {len(src)}"
+                    )
+                box_err = max(box_err, float((src - bx.float()).abs().max()) if len(bx) else 0.0)
             if len(seen) <= 4:
-                raw, _ = sub[want[int(t["image_id"])]]
-                ref = T.PILToTensor()(Image.open(io.BytesIO(raw)).convert("RGB"))
-                ref = T.functional.resize(ref, [h, w], antialias=True)
-                worst = min(worst, psnr_db(b.images[k, :, :h, :w].float(), ref.float()))
+                im = T.PILToTensor()(Image.open(io.BytesIO(raw)).convert("RGB"))
+                im = T.functional.resize(im, [h, w], antialias=True)
+                worst = min(worst, psnr_db(b.images[k, :, :h, :w].float(), im.float()))
     if sorted(seen) != sorted(want):
         return DataCheck(
             "data: detection", False, f"an epoch gave {len(seen)} images for {len(want)}, not each once"
         )
-    ok = worst >= MIN_PSNR_DB
+    ok = worst >= MIN_PSNR_DB and box_err <= 1.0
+    boxes = f", boxes within {box_err:.2f} px of the source's" if reference is not None else ""
     return DataCheck(
         "data: detection",
         ok,
-        f"{len(seen)} images each once, boxes inside their images, pixels {worst:.1f} dB vs PIL full decode + "
-        f"torchvision resize (bound {MIN_PSNR_DB:.0f} dB)",
+        f"{len(seen)} images each once, boxes inside their images{boxes}, pixels {worst:.1f} dB vs PIL full decode "
+        f"of the {'source' if reference is not None else 'image'} + torchvision resize (bound {MIN_PSNR_DB:.0f} dB)",
         psnr_db=worst,
     )
 

@@ -795,6 +795,7 @@ def describe(w: Workload) -> dict[str, Any]:
         "num_outputs": w.num_outputs,
         "task": w.task,
         "max_size": w.max_size,  # detection: the long side's cap of the model's resize
+        "source": w.source,  # the data tune read (a folder, a pack, a detection root or COCO JSON); None: synthetic
         # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
         "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),

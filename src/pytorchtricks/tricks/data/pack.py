@@ -42,7 +42,7 @@ def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
     if setup.source is None:
         raise TuneSkip("no source folder to pack")
     key = hashlib.sha256(
-        f"{os.path.abspath(setup.source)}|{len(setup.dataset)}|{resize}".encode()
+        f"{os.path.abspath(setup.source)}|{len(setup.dataset)}|{resize}|{setup.task}".encode()
     ).hexdigest()[:12]
     dst = os.path.join(setup.cache_dir, f"tune-pack-{key}")
     with warnings.catch_warnings():
@@ -69,9 +69,22 @@ def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
 
 
 def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
+    if (
+        setup.task == "detection"
+    ):  # a detection root packs with its boxes (scaled by --resize); our loader reads it
+        from pytorchtricks.data.open_data import open_data
+
+        setup.dataset, setup.loader = open_data(state["path"], task="detection"), "ptt"
+        return
     from pytorchtricks.shards.dataset import ShardDataset
 
     setup.dataset, setup.loader = ShardDataset(state["path"]), "ptt"
+
+
+def _stored_side(setup: TuneSetup) -> int:
+    """The short side a resized pack keeps: a detector's training size (its transform's shortest side: the
+    decode is then 1:1), or what RandomResizedCrop's smallest crop needs."""
+    return setup.input_size if setup.task == "detection" else stored_side(setup.input_size)
 
 
 TUNE = (
@@ -79,6 +92,9 @@ TUNE = (
         changes="loader",
         check="data",
         receipt='ptt.pack(dataset.root, "pack-out"); dataset = ptt.ShardDataset("pack-out")  # once (reused after)',
+        detection_receipt='ptt.pack(ROOT, "pack-out"); dataset = ptt.open_data("pack-out", task="detection")  # once '
+        "(reused after): the JPEGs as they are, the targets as JSON",
+        tasks=("classification", "detection"),
         apply=_tune_apply,
         applies=_tune_applies,
         prepare=lambda setup: _tune_pack(setup, None),
@@ -93,9 +109,12 @@ TUNE = (
         check="data",
         receipt='ptt.pack(dataset.root, "pack-out", resize={cache_side}); dataset = ptt.ShardDataset("pack-out")  # '
         "once; short side {cache_side}: the smallest crop keeps its pixels",
+        detection_receipt='ptt.pack(ROOT, "pack-out", resize={input_size}); dataset = ptt.open_data("pack-out", '
+        'task="detection")  # once; short side {input_size}: the training size, the boxes scaled with the images',
+        tasks=("classification", "detection"),
         apply=_tune_apply,
         applies=_tune_applies,
-        prepare=lambda setup: _tune_pack(setup, stored_side(setup.input_size)),
+        prepare=lambda setup: _tune_pack(setup, _stored_side(setup)),
         cost="repack",
         order=101,
         requires=("make_loader",),
