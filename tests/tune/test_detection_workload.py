@@ -209,3 +209,16 @@ def test_a_detection_root_packs_for_tune_with_its_boxes(coco, trick, tmp_path, m
         r.step()
     finally:
         r.close()
+
+
+def test_an_exact_trick_on_a_detector_is_rechecked_in_float64(workload):
+    """A detector picks proposals by score, so fp32 rounding can swap one and move the heads' gradients (measured:
+    channels_last at 320 px, gradients 0.08-0.17 apart in fp32); the exact check then compares again in float64,
+    where the step runs end to end (images, boxes, model and optimizer in float64) and the trick's math is what
+    differs: nothing, to ~1e-10."""
+    from pytorchtricks.tune.candidates import _exact
+    from pytorchtricks.tune.runner import stage_batches
+
+    x, y = stage_batches(workload, 1)[0]
+    got = _exact(workload, ("to_channels_last",), x, y, fp64=True)
+    assert got.passed and got.kind.endswith("(float64)") and got.metrics["grad_rel"] < 1e-9, got.detail

@@ -118,19 +118,19 @@ def loss_of(
 
 
 def to_model_inputs(
-    xb: Any, yb: Any, device: torch.device
+    xb: Any, yb: Any, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """A batch of either loader -> (float images in [0, 1] on ``device``, targets with boxes and labels)."""
+    """A batch of either loader -> (images in [0, 1] on ``device`` as ``dtype``, targets with boxes and labels)."""
     from pytorchtricks.data.detection_loader import DetectionBatch
 
     if isinstance(xb, DetectionBatch):  # ours: padded uint8; each image cut to its own size
         imgs = [xb.images[i, :, : int(h), : int(w)] for i, (h, w) in enumerate(xb.sizes.tolist())]
-        images = [im.to(device, non_blocking=True).float().div_(255) for im in imgs]
+        images = [im.to(device, non_blocking=True).to(dtype).div_(255) for im in imgs]
         targets = xb.targets
     else:  # the reference's list collate: float images already
-        images, targets = [im.to(device) for im in xb], list(yb)
+        images, targets = [im.to(device, dtype) for im in xb], list(yb)
     return images, [
-        {"boxes": t["boxes"].to(device).float().reshape(-1, 4), "labels": t["labels"].to(device).long()}
+        {"boxes": t["boxes"].to(device, dtype).reshape(-1, 4), "labels": t["labels"].to(device).long()}
         for t in targets
     ]
 

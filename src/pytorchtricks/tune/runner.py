@@ -362,7 +362,7 @@ class Runner:
         from pytorchtricks.tune import detection
 
         with stage("host->device"):
-            images, targets = detection.to_model_inputs(xb, yb, self.w.device)
+            images, targets = detection.to_model_inputs(xb, yb, self.w.device, self.dtype)
         if self.acc is not None:  # K micro-batches of images, each weighted by its images; the K-th steps
             k = self.micro_batches
             cuts = [round(i * len(images) / k) for i in range(k + 1)]
@@ -387,7 +387,9 @@ class Runner:
             from pytorchtricks.tune import detection
 
             with self.autocast():
-                out, loss = detection.loss_of(self.forward, *detection.to_model_inputs(xb, yb, self.w.device))
+                out, loss = detection.loss_of(
+                    self.forward, *detection.to_model_inputs(xb, yb, self.w.device, self.dtype)
+                )
             return out.float(), loss.float()
         return self.loss_of(self.prepare(xb), yb.to(self.w.device))
 
