@@ -54,7 +54,8 @@ def rank_main(run, rank, store):
 
     os.replace = replace
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=run["world"])
-    s = pack(a["src"], run["dst"], format=a["fmt"], shard_size=a["shard_size"], workers=0, distributed=True)
+    s = pack(a["src"], run["dst"], format=a["fmt"], shard_size=a["shard_size"], workers=0, distributed=True,
+             resize=a.get("resize"))
     print(json.dumps({"rank": rank, "events": seen[0], "stats": s["rank_stats"]}), flush=True)
 
 def launch(run, tag):
@@ -109,8 +110,8 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _drive(src: Path, fmt: str, runs: list[dict]) -> list[dict]:
-    arg = {"src": str(src), "fmt": fmt, "shard_size": "4000", "runs": runs}
+def _drive(src: Path, fmt: str, runs: list[dict], resize: int | None = None) -> list[dict]:
+    arg = {"src": str(src), "fmt": fmt, "shard_size": "4000", "runs": runs, "resize": resize}
     return list(run_driver(DRIVER, arg, OMP_NUM_THREADS="1"))
 
 
@@ -257,3 +258,40 @@ def test_a_bucket_gets_each_shard_as_it_is_finished_never_the_whole_pack_staged(
     assert staged and max(staged) == 1  # one object staged at a time
     assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").rglob("*.*"))
     fs.rm("/ptt-dist-test", recursive=True)
+
+
+def test_a_detection_root_packs_distributed_with_its_boxes_scaled(tmp_path):
+    """A COCO root packed by 2 ranks with --resize: the same samples, bytes and targets (boxes scaled to the stored
+    size) in the same order as the single-process pack, and the same detection summary in the manifest."""
+    root = tmp_path / "coco"
+    (root / "train").mkdir(parents=True)
+    (root / "annotations").mkdir()
+    images, anns = [], []
+    for i in range(N - 1):
+        w, h = (48, 32) if i % 2 else (32, 48)
+        px = np.random.default_rng(i).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(px).save(root / "train" / f"{i:02d}.jpg", quality=90)
+        images.append({"id": i, "file_name": f"{i:02d}.jpg", "width": w, "height": h})
+        anns.append({"id": i + 1, "image_id": i, "category_id": 1 + i % 2, "iscrowd": 0,
+                     "bbox": [2.0, 4.0, w / 2, h / 3], "area": w * h / 6})  # fmt: skip
+    doc = {
+        "images": images,
+        "annotations": anns,
+        "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}],
+    }
+    (root / "annotations" / "instances_train.json").write_text(json.dumps(doc))
+    one, two = tmp_path / "single", tmp_path / "w2"
+    pack(str(root), str(one), shard_size="4000", workers=0, resize=16)
+    got = _drive(root, "ptt", [{"dst": str(two), "log": str(two), "world": 2}], resize=16)
+    assert got[0]["first"]["ok"]
+    a, b = ShardDataset(str(one), decode=None), ShardDataset(str(two), decode=None)
+    assert len(a) == len(b) == N - 1
+    for i in range(len(a)):
+        (pa, la, ea), (pb, lb, eb) = a.read_raw(i), b.read_raw(i)
+        assert pa == pb and la == lb and ea == eb
+        t = ea["target"]
+        assert min(t["size"]) == 16 and max(t["size"]) == 24  # stored at the short side 16, boxes with it
+        assert t["boxes"][0][2] <= t["size"][1] and t["boxes"][0][3] <= t["size"][0]
+    ma = json.loads((one / "manifest.json").read_text())
+    mb = json.loads((two / "manifest.json").read_text())
+    assert ma["detection"] == mb["detection"] and mb["detection"]

@@ -231,6 +231,20 @@ class _Chunk:
             self.shard_rejects.append(self.rejects[-1])
             return
         label, extras = source.labels[i], source.extras[i]
+        if "target" in extras or "boxes" in extras:  # boxes live in pixels: they follow a pack-time resize
+            from pytorchtricks.data.detection_pack import boxes_follow
+
+            try:
+                extras = boxes_follow(
+                    extras, payload, kind, info, source.paths[i],
+                    (self.plan.opts.get("resize"), self.plan.opts.get("max_side")),
+                )  # fmt: skip
+            except ValueError as exc:
+                if self.plan.strict:
+                    raise PttError(f"{source.rel[i]}: {exc} (drop --strict to list it in rejects)") from exc
+                self.rejects.append({"path": source.rel[i], "reason": str(exc)})
+                self.shard_rejects.append(self.rejects[-1])
+                return
         key = f"{self.key0 + self.kept + len(self.items):09d}"
         if self.fmt == "tar":
             members = tar_sample_members(key, payload, kind, label, extras)
@@ -375,6 +389,10 @@ def merge_chunks(plan: Plan, n: int, target: Target) -> dict[str, Any]:
         "bytes_out": sum(s["bytes"] for s in shards),
         "chunk_items": size,
     }
+    if source.detection is not None:  # the boxes per image and class, the image sizes (``ptt inspect``)
+        from pytorchtricks.data.detection_pack import manifest_summary
+
+        manifest["detection"] = manifest_summary(source, manifest["rejects"], plan.options)
     if fmt == "ptt":
         index = np.concatenate(rows) if rows else np.zeros(0, dtype=layout.INDEX_DTYPE)
         buf = io.BytesIO()

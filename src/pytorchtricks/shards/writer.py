@@ -201,12 +201,6 @@ def pack(
 
         check_destination(dst)  # before listing millions of files
     source = list_source(src)
-    if (
-        distributed and source.detection is not None
-    ):  # its boxes-follow-resize step lives in _Run only, for now
-        raise PttError(
-            "--distributed packs classification folders and lists; pack a detection root without --distributed."
-        )
     opts = {
         "format": format,
         "resize": resize,
@@ -432,8 +426,10 @@ class _Run:
             return
         label, extras = self.source.labels[i], self.source.extras[i]
         if "target" in extras or "boxes" in extras:  # boxes live in pixels: they follow a pack-time resize
+            from pytorchtricks.data.detection_pack import boxes_follow
+
             try:
-                extras = _boxes_follow(extras, payload, kind, info, self.source.paths[i], self.resize)
+                extras = boxes_follow(extras, payload, kind, info, self.source.paths[i], self.resize)
             except ValueError as exc:
                 self.bytes_in += nbytes
                 if self.strict:
@@ -495,41 +491,6 @@ class _Run:
     def close(self, src_end: int) -> None:
         if self.items or self.rejects or src_end > self.src_start:
             self._flush(src_end)
-
-
-def _boxes_follow(
-    extras: dict[str, Any], payload: Any, kind: str, info: Any, path: str, resize: tuple[Any, Any]
-) -> dict[str, Any]:
-    """The extras with their boxes in the stored image's pixels (scaled when the pack resized it).
-
-    A detection ``target`` carries its annotated ``size``; the stored size must be that or what ``--resize`` /
-    ``--max-side`` make of it (else ``ValueError``: the file and its annotation disagree). A list's ``boxes`` column
-    (pixels, ``[x, y, x2|w, y2|h]``) is scaled by the stored size over the file's own header size."""
-    from pytorchtricks.data.decode import image_size
-    from pytorchtricks.data.detection_pack import scale_boxes_json, scale_target_json
-
-    stored = (int(info[0]), int(info[1])) if kind == "raw" else image_size(payload)
-    if "target" in extras:
-        t = extras["target"]
-        h0, w0 = t["size"]
-        if stored == (h0, w0):
-            return extras
-        from pytorchtricks.data.sources import target_hw
-
-        if stored != (target_hw(h0, w0, *resize) or (h0, w0)):
-            raise ValueError(
-                f"the stored image is {stored[1]}x{stored[0]} (WxH) but its annotation says {w0}x{h0}: "
-                "the file and the annotation disagree (EXIF rotation?)"
-            )
-        return {**extras, "target": scale_target_json(t, stored)}
-    if resize == (None, None):
-        return extras
-    with open(path, "rb") as fh:
-        head = fh.read(1 << 20)
-    orig = image_size(head)
-    if orig == stored:
-        return extras
-    return {**extras, "boxes": scale_boxes_json(extras["boxes"], orig, stored), "size": list(stored)}
 
 
 class _progress:
@@ -597,15 +558,9 @@ def _finish(
         "bytes_out": sum(f["bytes"] for f in files),
     }
     if source.detection is not None:
-        from pytorchtricks.data.detection_pack import pack_summary
+        from pytorchtricks.data.detection_pack import manifest_summary
 
-        rejected = {r["path"] for r in manifest["rejects"]}
-        kept = [e["target"] for r, e in zip(source.rel, source.extras, strict=True) if r not in rejected]
-        from pytorchtricks.data.sources import target_hw
-
-        r = (options.get("resize"), options.get("max_side"))
-        sizes = [target_hw(t["size"][0], t["size"][1], *r) or tuple(t["size"]) for t in kept]
-        manifest["detection"] = pack_summary(kept, source.detection, sizes)
+        manifest["detection"] = manifest_summary(source, manifest["rejects"], options)
     if fmt == "tar" and files:
         manifest["pattern"] = layout.brace_pattern(len(files))
     if fmt == "ptt":
