@@ -232,7 +232,7 @@ class _Chunk:
             return
         label, extras = source.labels[i], source.extras[i]
         if "target" in extras or "boxes" in extras:  # boxes live in pixels: they follow a pack-time resize
-            from pytorchtricks.data.detection_pack import boxes_follow
+            from pytorchtricks.shards.targets import boxes_follow
 
             try:
                 extras = boxes_follow(
@@ -390,7 +390,7 @@ def merge_chunks(plan: Plan, n: int, target: Target) -> dict[str, Any]:
         "chunk_items": size,
     }
     if source.detection is not None:  # the boxes per image and class, the image sizes (``ptt inspect``)
-        from pytorchtricks.data.detection_pack import manifest_summary
+        from pytorchtricks.shards.targets import manifest_summary
 
         manifest["detection"] = manifest_summary(source, manifest["rejects"], plan.options)
     if fmt == "ptt":

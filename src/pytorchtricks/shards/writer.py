@@ -426,7 +426,7 @@ class _Run:
             return
         label, extras = self.source.labels[i], self.source.extras[i]
         if "target" in extras or "boxes" in extras:  # boxes live in pixels: they follow a pack-time resize
-            from pytorchtricks.data.detection_pack import boxes_follow
+            from pytorchtricks.shards.targets import boxes_follow
 
             try:
                 extras = boxes_follow(extras, payload, kind, info, self.source.paths[i], self.resize)
@@ -558,7 +558,7 @@ def _finish(
         "bytes_out": sum(f["bytes"] for f in files),
     }
     if source.detection is not None:
-        from pytorchtricks.data.detection_pack import manifest_summary
+        from pytorchtricks.shards.targets import manifest_summary
 
         manifest["detection"] = manifest_summary(source, manifest["rejects"], options)
     if fmt == "tar" and files:

@@ -179,3 +179,57 @@ def test_default_plan_peak_within_5_percent_of_best_uniform_segmentation() -> No
     unchecked = step_peak(copy.deepcopy(base))
     assert peak <= 1.05 * uniform[best], (peak, best, uniform[best], str(ptt.checkpoint_plan(default)))
     assert unchecked > 3 * peak  # the brute force is over a setting where checkpointing matters
+
+
+def test_a_torchvision_detector_is_checkpointed_whole_and_exactly() -> None:
+    """On a torchvision detector: the backbone + FPN planned (at the first training forward) and the box head
+    recomputed with its RoI pooling - the same loss dict and gradients (the random anchor sampling seeded alike),
+    the state_dict's keys unchanged, a lower peak, and a deepcopy (an EMA copy) that runs its own weights."""
+    import warnings
+
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    torch.manual_seed(0)
+    base = fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=128
+    )
+    treated = ptt.checkpoint_activations_(copy.deepcopy(base), budget="min")
+    assert treated.state_dict().keys() == base.state_dict().keys()
+    g = torch.Generator().manual_seed(1)
+    images = [torch.rand(3, 128, 160, generator=g), torch.rand(3, 160, 128, generator=g)]
+    targets = [{"boxes": torch.tensor([[10.0, 20.0, 90.0, 100.0]]), "labels": torch.tensor([1])},
+               {"boxes": torch.tensor([[5.0, 30.0, 60.0, 150.0]]), "labels": torch.tensor([2])}]  # fmt: skip
+
+    def step(m: nn.Module) -> tuple[dict, list, int]:
+        m.train()
+        torch.manual_seed(7)  # the same anchors and proposals sampled on both sides
+        got: dict = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peak = cpu_tracked_peak_bytes(lambda: got.update(_backward(m(images, targets))))
+        return got, [p.grad.clone() for p in m.parameters() if p.grad is not None], peak
+
+    lb, gb, pb = step(base)
+    lt, gt, pt = step(treated)
+    assert {k: v.item() for k, v in lb.items()} == {k: v.item() for k, v in lt.items()}
+    assert len(gb) == len(gt) and all(torch.equal(a, b) for a, b in zip(gb, gt))
+    assert pt < pb
+    plan = ptt.checkpoint_plan(treated)
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes < plan.untreated_peak_bytes
+    twin = copy.deepcopy(treated)  # its box head is its own: changing it changes only its outputs
+    with torch.no_grad():
+        twin.roi_heads.box_head.fc6.weight.mul_(0)
+    feats = treated.backbone(treated.transform(images)[0].tensors)
+    props = [torch.tensor([[0.0, 0.0, 50.0, 50.0], [10.0, 10.0, 90.0, 120.0]])] * 2
+    shapes = [(128, 160), (160, 128)]
+    with torch.no_grad():  # the box branch of each: pool + head, through the patched forwards
+        mine = treated.roi_heads.box_head(treated.roi_heads.box_roi_pool(feats, props, shapes))
+        its = twin.roi_heads.box_head(twin.roi_heads.box_roi_pool(feats, props, shapes))
+        h = twin.roi_heads.box_head
+        want = torch.relu(h.fc7(torch.relu(h.fc6.bias))).expand_as(its)  # what a zeroed fc6 leaves
+    assert not torch.allclose(mine, want) and torch.allclose(its, want)
+
+
+def _backward(losses: dict) -> dict:
+    sum(losses.values()).backward()
+    return {k: v.detach() for k, v in losses.items()}
