@@ -87,8 +87,8 @@ def _tune_plan(setup: TuneSetup) -> None:
 
 def _tune_plan_detector(setup: TuneSetup) -> None:
     """A torchvision detector: its backbone + FPN planned to their lowest peak on a batch of the model's own input
-    (``transform``'s shortest side, a 4:3 image padded to 32 as ``GeneralizedRCNNTransform`` pads it), and its box
-    head recomputed with its RoI pooling (``checkpoint_activations_`` on a detector)."""
+    (``transform``'s shortest side, a 4:3 image padded to 32 as ``GeneralizedRCNNTransform`` pads it;
+    ``checkpoint_activations_`` on a detector)."""
     t = getattr(setup.model, "transform", None)
     if not _is_detector(setup.model) or t is None:
         raise TuneSkip("the detector has no .backbone and .transform (a torchvision detector's) to plan over")
@@ -97,9 +97,8 @@ def _tune_plan_detector(setup: TuneSetup) -> None:
     h = -(-h // 32) * 32
     x = torch.rand(min(2, setup.micro_batch_size), 3, h, w, device=setup.device)
     applied_or_skip(checkpoint_activations_, setup.model, budget="min", example_inputs=(x,))
-    boxes = " + its box head recomputed with its RoI pooling" if _box_head_recomputed(setup.model) else ""
     setup.notes.append(
-        f"checkpoint plan of the backbone (on {len(x)} images of {h}x{w}){boxes}: {checkpoint_plan(setup.model)}"
+        f"checkpoint plan of the backbone (on {len(x)} images of {h}x{w}): {checkpoint_plan(setup.model)}"
     )
 
 
@@ -109,8 +108,8 @@ TUNE = TuneHook(
     tasks=("classification", "detection"),  # a detector: its backbone + FPN, planned to their lowest peak
     receipt='ptt.checkpoint_activations_(model, budget={activation_budget} or "min")  # the module-tree planner, '
     "planned at the first training forward for its batch (bytes of activation peak; min: the lowest peak)",
-    detection_receipt='ptt.checkpoint_activations_(model, budget="min")  # a torchvision detector: its backbone + FPN '
-    "planned at its first training forward (min: the lowest peak), its box head recomputed with its RoI pooling",
+    detection_receipt='ptt.checkpoint_activations_(model, budget="min")  # a torchvision detector: its backbone + FPN, '
+    "planned at its first training forward (min: the lowest peak)",
     apply=_tune_apply,
     order=35,
     bound="outputs, gradients and the update equal the untreated step's (recomputation, same kernels)",
@@ -389,54 +388,14 @@ def _is_detector(model: nn.Module) -> bool:
 
 def _checkpoint_detector(model: nn.Module, budget: Any, example_inputs: Any) -> nn.Module:
     """A torchvision detector: the module-tree planner on ``model.backbone`` (the feature extractor and FPN, where
-    the activations of the image batch live; ``budget`` is that plan's, ``example_inputs`` a batch tensor for it),
-    and a two-stage detector's box head recomputed together with its RoI pooling - the pooled features (2048
-    proposals x 256 x 7 x 7 floats at batch 4, ~100 MiB) are what the head's first layer would keep."""
+    the activations of the image batch live; ``budget`` is that plan's, ``example_inputs`` a batch tensor for it).
+    The heads are left as they are: recomputing the box head with its RoI pooling was measured to leave the step's
+    peak where it was (474 MiB with and without, the same backbone plan, on the 320 px Faster R-CNN at batch 4)."""
     if getattr(model, "_ptt_checkpoint_plan", None) is not None:
         raise PttError("model is already checkpointed; build the model again to change the plan.")
     _checkpoint_tree(model.backbone, budget, example_inputs)  # type: ignore[arg-type]
-    _recompute_box_head(model)
     model.__dict__["_ptt_checkpoint_plan"] = checkpoint_plan(model.backbone)  # type: ignore[arg-type]
     return model
-
-
-def _recompute_box_head(model: nn.Module) -> None:
-    """``roi_heads.box_roi_pool`` then ``box_head`` (torchvision's ``RoIHeads``) as one checkpointed call: the pool
-    returns the head's output and the head passes it on. Forwards are patched on the instances as bound methods
-    (a ``deepcopy`` - an EMA copy - binds them to its own modules), the head is kept in the pool's ``__dict__``
-    (not registered: the module tree and the state_dict stay as they are); recomputation runs the same kernels on
-    the same inputs (exact)."""
-    heads = getattr(model, "roi_heads", None)
-    pool, head = getattr(heads, "box_roi_pool", None), getattr(heads, "box_head", None)
-    if not isinstance(pool, nn.Module) or not isinstance(head, nn.Module):
-        return  # a one-stage detector: no RoI pooling
-    pool.__dict__["_ptt_box_head"] = head
-    setattr(pool, "forward", types.MethodType(_pooled_head_forward, pool))  # noqa: B010
-    setattr(head, "forward", types.MethodType(_passed_on_forward, head))  # noqa: B010
-    model.__dict__["_ptt_box_head_recomputed"] = True
-
-
-def _pooled_head_forward(
-    self: nn.Module, features: dict[str, torch.Tensor], proposals: Any, image_shapes: Any
-) -> torch.Tensor:
-    head, keys = self.__dict__["_ptt_box_head"], list(features)
-
-    def run(*maps: torch.Tensor) -> torch.Tensor:
-        pooled = type(self).forward(self, dict(zip(keys, maps, strict=True)), proposals, image_shapes)
-        return type(head).forward(head, pooled)  # type: ignore[no-any-return]
-
-    if not torch.is_grad_enabled():
-        return run(*features.values())
-    out = checkpoint(run, *(features[k] for k in keys), use_reentrant=False, preserve_rng_state=True)
-    return out  # type: ignore[no-any-return]
-
-
-def _passed_on_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return x  # the box head already ran inside its pool's checkpoint
-
-
-def _box_head_recomputed(model: nn.Module) -> bool:
-    return bool(model.__dict__.get("_ptt_box_head_recomputed"))
 
 
 def _has_chain(model: nn.Module) -> bool:
