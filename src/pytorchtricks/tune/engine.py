@@ -35,6 +35,7 @@ from pytorchtricks.analysis.verdict import machine_busy
 from pytorchtricks.clock import Comparison, CpuMeter, CpuUse, Deadline, environment
 from pytorchtricks.core import PttError
 from pytorchtricks.quiet import import_cpp_extension_quietly
+from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.tunable import TuneSkip
 from pytorchtricks.tune.candidates import check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
@@ -795,7 +796,8 @@ def describe(w: Workload) -> dict[str, Any]:
         "num_outputs": w.num_outputs,
         "task": w.task,
         "max_size": w.max_size,  # detection: the long side's cap of the model's resize
-        "source": w.source,  # the data tune read (a folder, a pack, a detection root or COCO JSON); None: synthetic
+        # the data tune read (a folder, a pack, a detection root or COCO JSON; None: synthetic), no credentials
+        "source": scrub_url(w.source) if w.source and is_url(w.source) else w.source,
         # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
         "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),
