@@ -363,14 +363,15 @@ class Runner:
 
         with stage("host->device"):
             images, targets = detection.to_model_inputs(xb, yb, self.w.device, self.dtype)
-        if self.acc is not None:  # K micro-batches of images, each weighted by its images; the K-th steps
-            k = self.micro_batches
-            cuts = [round(i * len(images) / k) for i in range(k + 1)]
-            with stage("backward"), self.acc:
-                for a, b in itertools.pairwise(cuts):
+        if (
+            self.acc is not None
+        ):  # K micro-batches of images (as tensor_split cuts a batch), each weighted by its
+            with stage("backward"), self.acc:  # images; the K-th backward steps the optimizer
+                for idx in torch.arange(len(images)).tensor_split(self.micro_batches):
+                    ims, tgs = [images[i] for i in idx], [targets[i] for i in idx]
                     with self.autocast():
-                        _, loss = detection.loss_of(self.forward, images[a:b], targets[a:b])
-                    self.acc.backward(loss, weight=b - a)
+                        _, loss = detection.loss_of(self.forward, ims, tgs)
+                    self.acc.backward(loss, weight=len(ims))
             return loss
         with stage("forward"), self.autocast():
             _, loss = detection.loss_of(self.forward, images, targets)

@@ -74,12 +74,12 @@ def _hook(k: int) -> TuneHook:
             "for batch in loader:  # the batch of {batch_size} images in "
             f"{k} micro-batches, one optimizer step\n"
             "    {detection_inputs}\n"
-            f"    n = -(-len(images) // {k})  # images per micro-batch\n"
             "    with acc:\n"
-            "        for i in range(0, len(images), n):\n"
+            f"        for idx in torch.arange(len(images)).tensor_split({k}):  # {k} micro-batches, as x.tensor_split\n"
+            "            ims, tgs = [images[i] for i in idx], [targets[i] for i in idx]\n"
             "            with mp.autocast():\n"
-            "                loss = sum(model(images[i : i + n], targets[i : i + n]).values())  # the loss dict\n"
-            f"            acc.backward(loss, weight=len(images[i : i + n]))  # the {k}th steps the optimizer"
+            "                loss = sum(model(ims, tgs).values())  # the detector's loss dict\n"
+            f"            acc.backward(loss, weight=len(ims))  # the {k}th steps the optimizer"
         ),
         group="micro-batch",
         variant=str(k),

@@ -89,9 +89,9 @@ def _tune_plan_detector(setup: TuneSetup) -> None:
     """A torchvision detector: its backbone + FPN planned to their lowest peak on a batch of the model's own input
     (``transform``'s shortest side, a 4:3 image padded to 32 as ``GeneralizedRCNNTransform`` pads it;
     ``checkpoint_activations_`` on a detector)."""
-    t = getattr(setup.model, "transform", None)
-    if not _is_detector(setup.model) or t is None:
+    if not _is_detector(setup.model):
         raise TuneSkip("the detector has no .backbone and .transform (a torchvision detector's) to plan over")
+    t = setup.model.transform
     h = int(t.min_size[-1])
     w = min(int(t.max_size), -(-(h * 4 // 3) // 32) * 32)
     h = -(-h // 32) * 32
@@ -300,6 +300,10 @@ def checkpoint_activations_(
     example_inputs: Any = None,
 ) -> nn.Module:
     """Checkpoint the chain of blocks of ``model`` in place (state_dict unchanged) and return ``model``.
+
+    A torchvision detector (a ``backbone`` and a ``transform``; it takes lists of images and targets) gets the
+    module-tree planner on its backbone + FPN, planned at its first training forward (or on ``example_inputs``, a
+    batch tensor for the backbone); ``checkpoint_plan(model)`` is that plan.
 
     Two planners. ``budget=`` (or a model without a chain of >= 2 blocks) plans over the whole module tree:
     submodules, runs of consecutive siblings (a ResNet's stem) and, inside each, full or selective recomputation
