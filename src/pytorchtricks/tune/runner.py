@@ -158,6 +158,11 @@ class Runner:
             hook = by_name(name).hook
             if setup.example is None and hook.changes in ("model", "step") and w.task == "classification":
                 setup.example = self.prepare(w.example_batch(min(w.batch_size, 8))[0])
+            elif setup.example is None and hook.changes == "model" and w.task == "detection" and batches:
+                from pytorchtricks.tune import detection
+
+                # the detector's own (images, targets) of a real batch
+                setup.example = detection.to_model_inputs(*batches[0], w.device, self.dtype)
             hook.apply(setup, prepared(w, name, setup, self.tricks[:i]))
         self.setup = setup
         self.model = setup.model

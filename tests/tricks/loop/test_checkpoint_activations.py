@@ -216,6 +216,15 @@ def test_a_torchvision_detector_is_checkpointed_whole_and_exactly() -> None:
     assert pt < pb
     plan = ptt.checkpoint_plan(treated)
     assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes < plan.untreated_peak_bytes
+    assert "whole step" in str(plan)  # judged by the detector's step, not its backbone's alone
+    rng = torch.get_rng_state()
+    eager = ptt.checkpoint_activations_(copy.deepcopy(base), example_inputs=(images, targets))
+    assert torch.equal(torch.get_rng_state(), rng)  # planning now leaves the random stream where it was
+    le, ge, _ = step(eager)
+    assert {k: v.item() for k, v in lb.items()} == {k: v.item() for k, v in le.items()}
+    assert all(torch.equal(a, b) for a, b in zip(gb, ge, strict=True))
+    with pytest.raises(ptt.PttError, match="images, targets"):
+        ptt.checkpoint_activations_(copy.deepcopy(base), example_inputs=(images, targets, None))
     twin = copy.deepcopy(treated)  # its backbone is its own: changing it changes only its features
     x = torch.rand(1, 3, 128, 160, generator=g)
     with torch.no_grad():

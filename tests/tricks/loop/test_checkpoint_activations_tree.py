@@ -226,3 +226,23 @@ def test_a_deep_copy_of_a_planned_model_is_planned_on_its_own_modules() -> None:
     for (name, p), q in zip(ref.named_parameters(), twin.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
     assert all(p.grad is None for p in m.parameters())  # the copy's backward did not reach the original
+
+
+def test_a_module_planned_inside_a_larger_step_spends_the_steps_headroom_on_recomputation() -> None:
+    """The region planner's cost model with a headroom (a detector's heads above its backbone): recomputing up to
+    the headroom costs no memory, so the plan that keeps the least wins, though alone its peak is higher."""
+    from pytorchtricks.tricks.loop._region_planner import Option, Region, Tree, plan_choices
+
+    mib = 2**20
+    regions = {
+        "a": Region("a", "", ("a",), 100 * mib, [Option("full", 90 * mib, 100 * mib, 1.0)]),
+        "b": Region("b", "", ("b",), 50 * mib, [Option("full", 50 * mib, 50 * mib, 0.5)]),
+    }
+    run = Region("a..b", "", ("a", "b"), 150 * mib, [Option("full", 145 * mib, 150 * mib, 1.5)])
+    tree = Tree({"": ["a", "b"], "a": [], "b": []}, {"": [["a", "b"]]}, regions, {("a", "b"): run})
+    alone = plan_choices(tree, 150 * mib, 0, None)[0]  # the module's own peak: keep 10, recompute 100
+    assert sorted(alone.regions) == [("a", "full"), ("b", "full")]
+    assert alone.modeled_peak_bytes == 110 * mib
+    inside = plan_choices(tree, 150 * mib, 0, None, headroom_bytes=150 * mib)[0]
+    assert inside.regions == [("a..b", "full")]  # keeps 5: under the step's 150 its 150 recomputed is free
+    assert inside.modeled_peak_bytes == 155 * mib

@@ -8,7 +8,9 @@ costs for each mode: the bytes it frees from what forward keeps for backward, th
 back during its backward (``transient``), and the seconds its recomputation takes.
 
 Cost model (activation bytes of a training step): ``peak = saved - freed(plan) + max transient(plan) + excess``,
-where ``saved`` is what the untreated forward keeps, ``excess`` the measured backward workspace above it. Regions
+where ``saved`` is what the untreated forward keeps, ``excess`` the measured backward workspace above it. A module
+planned inside a larger step (a detector's backbone under its heads) adds a ``headroom``: the peak the rest of the
+step reaches on top of what the module keeps, so ``peak = saved - freed + max(transient + excess, headroom)``. Regions
 of a plan are disjoint (no region inside a checkpointed one: it is recomputed anyway). For each cap on the
 transient the plan is a knapsack over the tree - free at least what the budget asks at the least recompute time -
 solved exactly on a grid of ``GRID`` byte steps (a freed amount is rounded down: the plan never claims more than
@@ -181,21 +183,28 @@ class Choice:
     modeled_peak_bytes: int
 
 
-def plan_regions(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None) -> Choice | None:
+def plan_regions(
+    tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None, headroom_bytes: int = 0
+) -> Choice | None:
     """Least recompute time whose modeled activation peak fits ``budget_bytes`` (None: the lowest modeled peak);
-    None when no plan fits."""
-    plans = plan_choices(tree, saved_bytes, excess_bytes, budget_bytes)
+    None when no plan fits. ``headroom_bytes``: what the rest of an enclosing step adds on top of what this module
+    keeps for backward, at that step's peak (a detector's heads above its backbone): the peak is then
+    ``saved - freed + max(transient + excess, headroom)``, so recomputation up to the headroom costs no memory."""
+    plans = plan_choices(tree, saved_bytes, excess_bytes, budget_bytes, headroom_bytes)
     return plans[0] if plans else None
 
 
-def plan_choices(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None) -> list[Choice]:
+def plan_choices(
+    tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: int | None, headroom_bytes: int = 0
+) -> list[Choice]:
     """The best plan under each cap on the largest recomputation, best first (distinct plans only)."""
     quantum = max(1.0, saved_bytes / GRID)
     caps = sorted({o.transient_bytes for r in tree.regions.values() for o in _options(r, 2**62)})
     caps = sorted({o.transient_bytes for r in tree.runs.values() for o in _options(r, 2**62)} | set(caps))
     if len(caps) > MAX_CAPS:
         idx = np.linspace(0, len(caps) - 1, MAX_CAPS).round().astype(int)
-        caps = [caps[i] for i in sorted(set(idx.tolist()))]
+        under = [c for c in caps if c + excess_bytes <= headroom_bytes]  # the largest free recomputation
+        caps = sorted({caps[i] for i in idx.tolist()} | set(under[-1:]))
     found: dict[tuple[tuple[str, str], ...], Choice] = {}
     for cap in caps:
         table = _solve(tree, "", cap, quantum)
@@ -203,12 +212,12 @@ def plan_choices(tree: Tree, saved_bytes: int, excess_bytes: int, budget_bytes: 
         if budget_bytes is None:
             k = int(reach.max())
         else:
-            need = saved_bytes + cap + excess_bytes - budget_bytes
+            need = saved_bytes + max(cap + excess_bytes, headroom_bytes) - budget_bytes
             k = max(0, int(np.ceil(need / quantum)))
             if k > GRID or not np.isfinite(table.vals[k]):
                 continue
         picked = table.pick(k)
-        choice = _choice(tree, picked, saved_bytes, excess_bytes)
+        choice = _choice(tree, picked, saved_bytes, excess_bytes, headroom_bytes)
         found.setdefault(tuple(sorted(choice.regions)), choice)
     return sorted(found.values(), key=lambda c: _key(c, budget_bytes))
 
@@ -219,7 +228,7 @@ def _key(c: Choice, budget: int | None) -> tuple[float, float]:
     return (c.recompute_s, c.modeled_peak_bytes)
 
 
-def _choice(tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int) -> Choice:
+def _choice(tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int, headroom: int = 0) -> Choice:
     freed = transient = 0
     secs = 0.0
     by_name = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
@@ -228,7 +237,7 @@ def _choice(tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int) 
         freed += opt.freed_bytes
         transient = max(transient, opt.transient_bytes)
         secs += opt.recompute_s
-    return Choice(picked, freed, transient, secs, saved - freed + transient + excess)
+    return Choice(picked, freed, transient, secs, saved - freed + max(transient + excess, headroom))
 
 
 @dataclass
@@ -253,6 +262,7 @@ class RegionPlan:
     peak_method: str | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (region, why it cannot be checkpointed)
     attempts: int = 0
+    scope: str = ""  # whose peak the peaks are when not the module's own (a detector's whole step)
 
     @property
     def pending(self) -> bool:
@@ -277,6 +287,7 @@ class RegionPlan:
             share = f", recompute {self.recompute_s / self.untreated_forward_s:.0%} of a forward"
         return (
             f"module tree: {len(self.regions)} checkpointed region(s) of {self.candidates} candidates "
-            f"({self.method}{share}); activation peak planned {_mib(self.planned_peak_bytes)} / measured "
+            f"({self.method}{share}); activation peak{self.scope and ' of ' + self.scope} planned "
+            f"{_mib(self.planned_peak_bytes)} / measured "
             f"{_mib(self.measured_peak_bytes)} ({self.peak_method}); untreated {_mib(self.untreated_peak_bytes)}"
         )

@@ -10,6 +10,7 @@ forked and the buffers restored, and parameter gradients as they were.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,13 +44,16 @@ def _loss(out: Any) -> torch.Tensor:
     return sum(t.float().mean() for t in outs)  # type: ignore[return-value]
 
 
-def fwd_bwd_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, str]:
+def fwd_bwd_peak(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grads_in_step: bool = False
+) -> tuple[int, str]:
     """Measured peak bytes of one forward + backward above what was live before it, gradients allocated first
-    (as in every step but the first) and put back as they were."""
+    (as in every step but the first) and put back as they were. ``grads_in_step``: the gradients start at None
+    (as ``zero_grad()`` leaves them) and are part of the peak, as in a whole training step."""
     params = [p for p in model.parameters() if p.requires_grad]
     old = [p.grad for p in params]
     for p in params:
-        p.grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        p.grad = None if grads_in_step else torch.zeros_like(p) if p.grad is None else p.grad.clone()
     device = next((p.device for p in params), torch.device("cpu"))
 
     def step() -> None:
@@ -68,8 +72,18 @@ def _first_tensor(args: Any) -> torch.Tensor:
     return next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), torch.empty(0))
 
 
-def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Measure ``model`` on ``args``, choose the regions, apply them and measure the result (fills ``plan``)."""
+def make_plan(
+    model: nn.Module,
+    plan: RegionPlan,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    outer: Callable[[], int] | None = None,
+) -> None:
+    """Measure ``model`` on ``args``, choose the regions, apply them and measure the result (fills ``plan``).
+
+    ``outer``: ``model`` is part of a larger training step (a detector's backbone): a callable that measures that
+    step's activation peak. Budgets and peaks are then the step's; the rest of the step's peak above what ``model``
+    keeps is the planner's headroom (recomputing up to it is free), and each plan is judged by the step it gives."""
     with side_effect_free(model, _first_tensor((args, kwargs))), torch.enable_grad():
         _loss(model(*args, **kwargs))  # warm: first-call allocations and kernel choices stay out of the probe
         rec = probe(model, args, kwargs)
@@ -80,6 +94,12 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
         rec.total_s = min(rec.total_s, again.total_s)
         base_peak, method = fwd_bwd_peak(model, args, kwargs)
         saved = sum(rec.nbytes.values())
+        excess = max(0, base_peak - saved)
+        headroom = 0
+        measure: Callable[[], int] = outer or (lambda: fwd_bwd_peak(model, args, kwargs)[0])
+        if outer is not None:  # the enclosing step's peak: the heads' part of it is headroom
+            base_peak = outer()
+            headroom = max(0, base_peak - saved)
         tree = build_tree(model, rec)
         budget = plan.budget_bytes
         if isinstance(plan.budget_share, float):
@@ -98,24 +118,23 @@ def make_plan(model: nn.Module, plan: RegionPlan, args: tuple[Any, ...], kwargs:
                 f"checkpoint_activations_: no region of this model frees memory when checkpointed ({why}). "
                 "Checkpointing needs submodules whose forward saves tensors for backward."
             )
-        excess = max(0, base_peak - saved)
         target = budget
         for attempt in range(1, ATTEMPTS + 1):
-            choice = plan_regions(tree, saved, excess, target)
+            choice = plan_regions(tree, saved, excess, target, headroom)
             lowest = choice is None or budget is None
             if lowest:  # the lowest peak, or a budget out of reach by the model: measure before saying so
-                choice, peak = _lowest_measured(model, tree, saved, excess, args, kwargs)
+                choice, peak = _lowest_measured(model, tree, saved, excess, headroom, measure)
             else:
                 assert choice is not None
                 _apply(model, tree, choice)
-                peak, _ = fwd_bwd_peak(model, args, kwargs)
+                peak = measure()
             plan.attempts = attempt
             _record(plan, tree, choice, peak)
             if budget is None:
                 return
             if peak <= budget:
                 if not lowest and peak < (1 - 2 * MARGIN) * budget:
-                    _spend_slack(model, plan, tree, saved, excess, budget, choice, peak, args, kwargs)
+                    _spend_slack(model, plan, tree, (saved, excess, headroom), budget, choice, peak, measure)
                 return
             unapply(model)
             if lowest:
@@ -136,23 +155,21 @@ def _spend_slack(
     model: nn.Module,
     plan: RegionPlan,
     tree: Tree,
-    saved: int,
-    excess: int,
+    sizes: tuple[int, int, int],
     budget: int,
     choice: Choice,
     peak: int,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    measure: Callable[[], int],
 ) -> None:
     """The plan fits with room to spare (the model over-estimated its peak): plan once more for the budget plus
     that error - less recomputation - and keep it if its measured peak fits too, else the fitting one."""
     target = budget + (choice.modeled_peak_bytes - peak) - int(MARGIN * budget)
-    cheaper = plan_regions(tree, saved, excess, target)
+    cheaper = plan_regions(tree, *sizes[:2], target, sizes[2])
     if cheaper is None or cheaper.recompute_s >= choice.recompute_s:
         return
     unapply(model)
     _apply(model, tree, cheaper)
-    got, _ = fwd_bwd_peak(model, args, kwargs)
+    got = measure()
     plan.attempts += 1
     if got <= budget:
         _record(plan, tree, cheaper, got)
@@ -181,16 +198,31 @@ def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
 
 
 def _lowest_measured(
-    model: nn.Module, tree: Tree, saved: int, excess: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+    model: nn.Module, tree: Tree, saved: int, excess: int, headroom: int, measure: Callable[[], int]
 ) -> tuple[Choice, int]:
     """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
-    plans = plan_choices(tree, saved, excess, None)[:LOWEST_TRIES]
+    plans = plan_choices(tree, saved, excess, None, headroom)[:LOWEST_TRIES]
     if not plans:
         raise PttError("checkpoint_activations_: the planner found no plan at all (no region to checkpoint).")
     measured = []
     for c in plans:
         _apply(model, tree, c)
-        measured.append(fwd_bwd_peak(model, args, kwargs)[0])
+        measured.append(measure())
+        unapply(model)
+    aim = headroom
+    for _ in range(
+        ATTEMPTS if headroom else 0
+    ):  # judged by an enclosing step: what the model missed there is
+        best = min(range(len(plans)), key=measured.__getitem__)  # the recomputation's own workspace and the
+        aim -= (
+            measured[best] - plans[best].modeled_peak_bytes
+        )  # gradients grown by then - aim that much lower
+        nxt = plan_regions(tree, saved, excess, None, aim) if 0 < aim < headroom else None
+        if nxt is None or any(p.regions == nxt.regions for p in plans):
+            break
+        _apply(model, tree, nxt)
+        plans.append(nxt)
+        measured.append(measure())
         unapply(model)
     i = min(range(len(plans)), key=measured.__getitem__)
     _apply(model, tree, plans[i])

@@ -48,7 +48,7 @@ from pytorchtricks.tricks.loop._checkpoint_planner import (
 )
 from pytorchtricks.tricks.loop._region_planner import RegionPlan
 from pytorchtricks.tricks.loop._regions import no_stat_update, side_effect_free
-from pytorchtricks.tricks.loop._tree_checkpoint import make_plan, plan_at_first_forward
+from pytorchtricks.tricks.loop._tree_checkpoint import fwd_bwd_peak, make_plan, plan_at_first_forward
 from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip, applied_or_skip
 
 __all__ = ["checkpoint_activations_", "checkpoint_plan"]
@@ -86,19 +86,23 @@ def _tune_plan(setup: TuneSetup) -> None:
 
 
 def _tune_plan_detector(setup: TuneSetup) -> None:
-    """A torchvision detector: its backbone + FPN planned to their lowest peak on a batch of the model's own input
-    (``transform``'s shortest side, a 4:3 image padded to 32 as ``GeneralizedRCNNTransform`` pads it;
-    ``checkpoint_activations_`` on a detector)."""
+    """A torchvision detector: its backbone + FPN planned to the lowest peak of the detector's whole step, on the
+    micro-batch of a staged batch (``setup.example``: the detector's images and targets), else at its first
+    training forward (``checkpoint_activations_`` on a detector)."""
     if not _is_detector(setup.model):
         raise TuneSkip("the detector has no .backbone and .transform (a torchvision detector's) to plan over")
-    t = setup.model.transform
-    h = int(t.min_size[-1])
-    w = min(int(t.max_size), -(-(h * 4 // 3) // 32) * 32)
-    h = -(-h // 32) * 32
-    x = torch.rand(min(2, setup.micro_batch_size), 3, h, w, device=setup.device)
-    applied_or_skip(checkpoint_activations_, setup.model, budget="min", example_inputs=(x,))
+    if setup.example is None:
+        applied_or_skip(checkpoint_activations_, setup.model, budget="min")
+        setup.notes.append("checkpoint plan of the backbone: made at the detector's first training forward")
+        return
+    images, targets = setup.example
+    m = max(1, min(len(images), setup.micro_batch_size))
+    applied_or_skip(
+        checkpoint_activations_, setup.model, budget="min", example_inputs=(images[:m], targets[:m])
+    )
     setup.notes.append(
-        f"checkpoint plan of the backbone (on {len(x)} images of {h}x{w}): {checkpoint_plan(setup.model)}"
+        f"checkpoint plan of the backbone (on {m} images, judged by the detector's whole step): "
+        f"{checkpoint_plan(setup.model)}"
     )
 
 
@@ -109,7 +113,7 @@ TUNE = TuneHook(
     receipt='ptt.checkpoint_activations_(model, budget={activation_budget} or "min")  # the module-tree planner, '
     "planned at the first training forward for its batch (bytes of activation peak; min: the lowest peak)",
     detection_receipt='ptt.checkpoint_activations_(model, budget="min")  # a torchvision detector: its backbone + FPN, '
-    "planned at its first training forward (min: the lowest peak)",
+    "planned at its first training forward to the lowest peak of the whole step",
     apply=_tune_apply,
     order=35,
     bound="outputs, gradients and the update equal the untreated step's (recomputation, same kernels)",
@@ -302,8 +306,9 @@ def checkpoint_activations_(
     """Checkpoint the chain of blocks of ``model`` in place (state_dict unchanged) and return ``model``.
 
     A torchvision detector (a ``backbone`` and a ``transform``; it takes lists of images and targets) gets the
-    module-tree planner on its backbone + FPN, planned at its first training forward (or on ``example_inputs``, a
-    batch tensor for the backbone); ``checkpoint_plan(model)`` is that plan.
+    module-tree planner on its backbone + FPN, judged by the peak of the detector's whole training step (the
+    heads' share of it is room the backbone's recomputation may use), planned at its first training forward (or
+    on ``example_inputs=(images, targets)``); ``checkpoint_plan(model)`` is that plan.
 
     Two planners. ``budget=`` (or a model without a chain of >= 2 blocks) plans over the whole module tree:
     submodules, runs of consecutive siblings (a ResNet's stem) and, inside each, full or selective recomputation
@@ -392,14 +397,86 @@ def _is_detector(model: nn.Module) -> bool:
 
 def _checkpoint_detector(model: nn.Module, budget: Any, example_inputs: Any) -> nn.Module:
     """A torchvision detector: the module-tree planner on ``model.backbone`` (the feature extractor and FPN, where
-    the activations of the image batch live; ``budget`` is that plan's, ``example_inputs`` a batch tensor for it).
-    The heads are left as they are: recomputing the box head with its RoI pooling was measured to leave the step's
-    peak where it was (474 MiB with and without, the same backbone plan, on the 320 px Faster R-CNN at batch 4)."""
+    the activations of the image batch live), judged by the detector's whole training step: the heads' part of the
+    step's peak (the box head's RoI features and their gradient, above what the backbone keeps) is headroom that
+    the backbone's recomputation may use for free, so the plan keeps as little of the backbone as that allows.
+    Planned at the detector's first training forward, or now on ``example_inputs=(images, targets)``; a batch
+    tensor plans the backbone alone (its own peak, heads unknown). ``budget`` is the step's activation peak."""
     if getattr(model, "_ptt_checkpoint_plan", None) is not None:
         raise PttError("model is already checkpointed; build the model again to change the plan.")
-    _checkpoint_tree(model.backbone, budget, example_inputs)  # type: ignore[arg-type]
-    model.__dict__["_ptt_checkpoint_plan"] = checkpoint_plan(model.backbone)  # type: ignore[arg-type]
+    if isinstance(example_inputs, torch.Tensor) or (
+        isinstance(example_inputs, list | tuple) and len(example_inputs) == 1
+    ):
+        _checkpoint_tree(model.backbone, budget, example_inputs)  # type: ignore[arg-type]
+        model.__dict__["_ptt_checkpoint_plan"] = checkpoint_plan(model.backbone)  # type: ignore[arg-type]
+        return model
+    plan = _tree_plan(budget)
+    model.backbone.__dict__["_ptt_checkpoint_plan"] = plan  # type: ignore[union-attr]
+    model.__dict__["_ptt_checkpoint_plan"] = plan
+    if example_inputs is None:
+        model.__dict__["_ptt_pending_forward"] = model.__dict__.get("forward")
+        model.forward = types.MethodType(_pending_detector_forward, model)  # type: ignore[method-assign]
+        return model
+    if not (isinstance(example_inputs, list | tuple) and len(example_inputs) == 2):
+        raise PttError(
+            "example_inputs of a detector: (images, targets) as its training forward takes them, or one batch "
+            f"tensor for its backbone; got {type(example_inputs).__name__}."
+        )
+    try:
+        _plan_detector(model, plan, *example_inputs)
+    except BaseException:
+        model.__dict__.pop("_ptt_checkpoint_plan")
+        model.backbone.__dict__.pop("_ptt_checkpoint_plan")  # type: ignore[union-attr]
+        raise
     return model
+
+
+def _pending_detector_forward(self: nn.Module, images: Any, targets: Any = None) -> Any:
+    """The detector's forward until its first training forward (images and targets): plan there, then run."""
+    original = self.__dict__.pop("_ptt_pending_forward")
+    if original is None:
+        self.__dict__.pop("forward", None)
+    else:
+        self.__dict__["forward"] = original
+    if torch.is_grad_enabled() and self.training and targets is not None:
+        _plan_detector(self, self.__dict__["_ptt_checkpoint_plan"], images, targets)
+    else:  # not a training forward: plan at the next one
+        self.__dict__["_ptt_pending_forward"] = original
+        self.__dict__["forward"] = types.MethodType(_pending_detector_forward, self)
+        return (original or type(self).forward.__get__(self))(images, targets)
+    return self.forward(images, targets)
+
+
+def _plan_detector(model: nn.Module, plan: RegionPlan, images: Any, targets: Any) -> None:
+    """Plan ``model.backbone`` on the batch tensor the detector's transform makes of ``images``, every plan judged
+    by the peak of the detector's whole step on ``(images, targets)`` (buffers and RNG restored)."""
+    first = images[0] if isinstance(images, list | tuple) and images else torch.empty(0)
+    transform: Any = model.transform
+    with side_effect_free(model, first), torch.no_grad():
+        batch, targets = transform(list(images), [dict(t) for t in targets])
+    # planned on the images at the detector's own size: its resize of full-size photos, the same under every plan,
+    # stays out of the peaks measured (where it could hide the heads'); the values do not matter to a plan
+    images = [batch.tensors[i, :, :h, :w] for i, (h, w) in enumerate(batch.image_sizes)]
+    seen: list[torch.Tensor] = []
+    hook = model.backbone.register_forward_pre_hook(  # type: ignore[union-attr]
+        lambda _m, args: seen.append(args[0].detach()) if not seen else None
+    )
+    try:
+        with side_effect_free(model, first), torch.enable_grad():
+            model(images, targets)  # the batch tensor the backbone sees; first-call work out of the meter
+    finally:
+        hook.remove()
+    if not seen or not isinstance(seen[0], torch.Tensor):
+        raise PttError("checkpoint_activations_: the detector's backbone was not called with a batch tensor.")
+
+    def step_peak() -> int:
+        return fwd_bwd_peak(model, (images, targets), {}, grads_in_step=True)[
+            0
+        ]  # the gradients: a step's too
+
+    plan.scope = "the detector's whole step"
+    with side_effect_free(model, first):
+        make_plan(model.backbone, plan, (seen[0],), {}, outer=step_peak)  # type: ignore[arg-type]
 
 
 def _has_chain(model: nn.Module) -> bool:
@@ -409,6 +486,22 @@ def _has_chain(model: nn.Module) -> bool:
 def _checkpoint_tree(model: nn.Module, budget: int | float | str | None, example_inputs: Any) -> nn.Module:
     if getattr(model, "_ptt_checkpoint_plan", None) is not None:
         raise PttError("model is already checkpointed; build the model again to change the plan.")
+    plan = _tree_plan(budget)
+    model.__dict__["_ptt_checkpoint_plan"] = plan
+    if example_inputs is not None:
+        args = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
+        try:
+            make_plan(model, plan, args, {})
+        except BaseException:
+            model.__dict__.pop("_ptt_checkpoint_plan")  # nothing applied: the model is as it was
+            raise
+    else:
+        plan_at_first_forward(model)
+    return model
+
+
+def _tree_plan(budget: int | float | str | None) -> RegionPlan:
+    """An empty module-tree plan for ``budget`` (bytes, a share of the untreated peak in (0, 1], or "min")."""
     share = None
     if budget == "min":
         budget = None
@@ -425,18 +518,7 @@ def _checkpoint_tree(model: nn.Module, budget: int | float | str | None, example
     method = "lowest modeled peak" if budget is None else (
         f"budget {share:.0%} of the untreated peak" if share is not None else f"budget {budget} bytes"
     )  # fmt: skip
-    plan = RegionPlan(method, None if share is not None else budget, budget_share=share)  # type: ignore[arg-type]
-    model.__dict__["_ptt_checkpoint_plan"] = plan
-    if example_inputs is not None:
-        args = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
-        try:
-            make_plan(model, plan, args, {})
-        except BaseException:
-            model.__dict__.pop("_ptt_checkpoint_plan")  # nothing applied: the model is as it was
-            raise
-    else:
-        plan_at_first_forward(model)
-    return model
+    return RegionPlan(method, None if share is not None else budget, budget_share=share)  # type: ignore[arg-type]
 
 
 def checkpoint_plan(model: nn.Module) -> CheckpointPlan | RegionPlan:
