@@ -202,6 +202,11 @@ def _lowest_measured(
 ) -> tuple[Choice, int]:
     """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
     plans = plan_choices(tree, saved, excess, None, headroom)[:LOWEST_TRIES]
+    if (
+        headroom
+    ):  # and the module's own lowest-peak plans, judged by the step too: never worse than without it
+        alone = plan_choices(tree, saved, excess, None)[:LOWEST_TRIES]
+        plans += [c for c in alone if all(c.regions != p.regions for p in plans)]
     if not plans:
         raise PttError("checkpoint_activations_: the planner found no plan at all (no region to checkpoint).")
     measured = []
