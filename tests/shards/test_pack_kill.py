@@ -174,7 +174,16 @@ def test_kill_9_at_every_rename_and_commit_resumes(small, tmp_path, monkeypatch,
 
 
 def _workers(proc: psutil.Process) -> list[psutil.Process]:
-    return [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
+    """The pack's live spawn workers; a child that exits while it is listed (a zombie not yet reaped, or gone: a
+    short-lived helper process) is not one."""
+    found = []
+    for c in proc.children():
+        try:
+            if "spawn_main" in " ".join(c.cmdline()):
+                found.append(c)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 def _cli_pack(src: Path, dst: Path, *extra: str) -> subprocess.Popen[str]:
