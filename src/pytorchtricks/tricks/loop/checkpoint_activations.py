@@ -469,10 +469,8 @@ def _plan_detector(model: nn.Module, plan: RegionPlan, images: Any, targets: Any
     if not seen or not isinstance(seen[0], torch.Tensor):
         raise PttError("checkpoint_activations_: the detector's backbone was not called with a batch tensor.")
 
-    def step_peak() -> int:
-        return fwd_bwd_peak(model, (images, targets), {}, grads_in_step=True)[
-            0
-        ]  # the gradients: a step's too
+    def step_peak() -> int:  # the gradients are allocated inside it, as in a training step
+        return fwd_bwd_peak(model, (images, targets), {}, grads_in_step=True)[0]
 
     plan.scope = "the detector's whole step"
     with side_effect_free(model, first):
