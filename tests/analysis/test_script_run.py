@@ -219,6 +219,102 @@ def test_run_as_a_module_and_its_helper_files_count(tmp_path, monkeypatch):
         run_script(["python", "-m", "trainer.nope"])
 
 
+def test_the_doctor_finds_the_lines_that_made_the_loaders_dataset_and_sampler(tmp_path, monkeypatch):
+    """The DataLoader's dataset and batch sampler, passed by name: the lines that assigned those names in the
+    function that builds the loader (of an if / else, the branch naming the sampler's class; of a name assigned
+    twice, the one naming its class)."""
+    (tmp_path / "train.py").write_text(
+        "import sys\nimport torch\n\n\n"
+        "class Flip:\n    def __call__(self, x):\n        return x\n\n\n"
+        "class Pair:\n    def __init__(self, ts):\n        self.transforms = ts\n\n\n"
+        "class Data(torch.utils.data.TensorDataset):\n    pass\n\n\n"
+        "def main(grouped):\n"
+        "    model = torch.nn.Linear(4, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    dataset = None\n"
+        "    dataset = Data(torch.randn(40, 4), torch.randint(0, 2, (40,)))\n"  # line 23
+        "    dataset.note = 'no policy'\n"
+        "    base = torch.utils.data.RandomSampler(dataset)\n"
+        "    if grouped:\n"
+        "        batches = torch.utils.data.BatchSampler(base, 4, drop_last=True)\n"  # line 27
+        "    else:\n"
+        "        batches = [[0, 1]]\n"
+        "    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches)\n"  # line 30
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n\n\n"
+        "main(True)\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    r = run_script(["python", "train.py"], steps=2, warmup=1)
+    lines = {k: (os.path.basename(v["file"]), v["line"]) for k, v in r.sites.items()}
+    assert lines["loader"] == ("train.py", 30)
+    assert lines["dataset"] == ("train.py", 23) and r.sites["dataset"]["code"].startswith("dataset = Data(")
+    assert lines["sampler"] == ("train.py", 27) and "BatchSampler(base, 4" in r.sites["sampler"]["code"]
+
+
+def test_the_detection_policy_is_named_as_the_reference_names_it():
+    import torch
+    from torchvision.transforms import v2 as T
+
+    from pytorchtricks.analysis.step_split import detection_policy
+
+    flip = T.Compose([T.RandomHorizontalFlip(0.5), T.Compose([T.PILToTensor(), T.ToDtype(torch.float)])])
+    assert detection_policy(flip) == (
+        "hflip: full-size images, resized by the detector's own transform "
+        "(RandomHorizontalFlip, PILToTensor, ToDtype)"
+    )
+    multi = T.Compose([T.RandomShortestSize((480, 800), 1333), T.RandomHorizontalFlip()])
+    assert detection_policy(multi).startswith("multiscale (RandomShortestSize, RandomHorizontalFlip)")
+    ssd = T.Compose(
+        [T.RandomPhotometricDistort(), T.RandomZoomOut(), T.RandomIoUCrop(), T.RandomHorizontalFlip()]
+    )
+    assert detection_policy(ssd).startswith("ssd (") and detection_policy(T.RandomIoUCrop()).startswith(
+        "ssdlite"
+    )
+    assert detection_policy(T.Compose([T.Resize(512)])).startswith("custom (Resize)")
+    assert detection_policy(None) is None
+
+
+def test_apply_py_names_the_detection_scripts_dataset_loader_and_sampler_lines():
+    from pytorchtricks.tune import receipt
+
+    def site(file, line, code):
+        return {"file": file, "line": line, "code": code}
+
+    script = {
+        "file": "/ref/train.py", "root": "/coco/train2017", "via": "DataLoader",
+        "sites": {"loader": site("/ref/train.py", 230, "data_loader = torch.utils.data.DataLoader("),
+                  "dataset": site("/ref/train.py", 205, "dataset, num_classes = get_dataset(is_train=True, args=args)"),
+                  "sampler": site("/ref/train.py", 222, "train_batch_sampler = GroupedBatchSampler(train_sampler, "
+                                  "group_ids, args.batch_size)")},
+    }  # fmt: skip
+    payload = {
+        "recommended": ["pack", "make_loader"],
+        "workload": {"for": "train", "model": "captured FasterRCNN", "batch_size": 4, "input_size": 320,
+                     "input_shape": [3, 320, 320], "num_workers": 2, "script": script, "task": "detection",
+                     "max_size": 640, "source": "/coco/annotations/instances_train2017.json",
+                     "optimizer": ["sgd", {"lr": 0.02}]},
+        "combined": {"ratio": 3.0, "ratio_q1": 2.9, "ratio_q3": 3.1},
+        "env": {"device_name": "cpu", "threads": 2, "torch": "x"}, "candidates": [],
+    }  # fmt: skip
+    code = receipt.apply_snippet(payload)
+    compile(code, "apply.py", "exec")
+    block = code[code.index("# In your script, /ref/train.py") : code.index("def apply(")]
+    assert block.index("train.py:230  data_loader = ") < block.index("train.py:205  dataset, num_classes = ")
+    assert block.index("train.py:205") < block.index(
+        "train.py:222  train_batch_sampler = GroupedBatchSampler("
+    )
+    assert (
+        "data_loader = ptt.make_detection_loader(dataset, 4, ptt.DetectionRecipe.shortest_side(320, 640)"
+        in block
+    )
+    after_dataset = block[block.index("train.py:205") :]
+    assert "what ptt.open_detection replaces above" in after_dataset
+    assert "drop it (and the aspect-ratio groups computed for it)" in block[block.index("train.py:222") :]
+
+
 def test_compare_says_what_changed_between_two_runs(tmp_path):
     from pytorchtricks.analysis.script_run import RunReport, compare_runs, write_run
 
@@ -311,6 +407,19 @@ def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, 
     out = " ".join(p.stdout.split())  # rich wraps long lines
     assert "DataLoader over CocoDetection in the transforms-v2 wrapper in Subset (6 samples)" in out, out
     assert "batch 2 (from its GroupedBatchSampler)" in out
+    assert (
+        "policy hflip: full-size images, resized by the detector's own transform (RandomHorizontalFlip, "
+        in out
+    )
+    src = Path(script).read_text().splitlines()
+    at = {
+        k: 1 + next(i for i, x in enumerate(src) if x.strip().startswith(k))
+        for k in ("ds = torch.utils", "sampler =")
+    }
+    assert (
+        f"built from its dataset at train_detection.py:{at['ds = torch.utils']}, its sampler at "
+        f"train_detection.py:{at['sampler =']}" in out
+    ), out
     assert "FasterRCNN" in out and "detection" in out and "a list of 2 image(s) (3x" in out
     assert "returns a dict (loss_classifier, loss_box_reg, loss_objectness, loss_rpn_box_reg)" in out
     assert "ptt lint on the model" in out and "verdict:" in out and "CPU per step" in out

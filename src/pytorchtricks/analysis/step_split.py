@@ -16,6 +16,7 @@ Every hook and patch is removed when the ``instrument`` block ends, whatever hap
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import linecache
 import os
@@ -158,19 +159,20 @@ class Recorder:
             self._mine[filename] = hit
         return hit
 
+    def caller_frame(self, depth: int = 2) -> Any:
+        """The innermost frame of the user's own files on the stack, or None."""
+        frame: Any = sys._getframe(depth)
+        while frame is not None and not self.mine(frame.f_code.co_filename):
+            frame = frame.f_back
+        return frame
+
     def caller(self, depth: int = 2) -> dict[str, Any] | None:
         """The innermost frame of the user's own files on the stack: ``{file, line, code}`` or None."""
-        frame: Any = sys._getframe(depth)
-        while frame is not None:
-            if self.mine(frame.f_code.co_filename):
-                path = os.path.abspath(frame.f_code.co_filename)
-                return {
-                    "file": path,
-                    "line": frame.f_lineno,
-                    "code": linecache.getline(path, frame.f_lineno).strip(),
-                }
-            frame = frame.f_back
-        return None
+        frame = self.caller_frame(depth + 1)
+        if frame is None:
+            return None
+        path = os.path.abspath(frame.f_code.co_filename)
+        return {"file": path, "line": frame.f_lineno, "code": linecache.getline(path, frame.f_lineno).strip()}
 
     def site(self, kind: str, obj: Any, *, first: bool = False) -> None:
         key = (kind, id(obj))
@@ -179,6 +181,21 @@ class Recorder:
         where = self.caller(3)
         if where is not None:
             self.sites[key] = where
+
+    def loader_parts(self, loader: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Where the user's file made the dataset and the (batch) sampler a DataLoader is built with: the line
+        that assigned the name the loader's call passes them by (``assignment_site``)."""
+        frame = self.caller_frame(3)
+        if frame is None:
+            return
+        parts = {
+            "dataset": kwargs.get("dataset", args[0] if args else None),
+            "sampler": kwargs.get("batch_sampler") or kwargs.get("sampler"),
+        }
+        for kind, obj in parts.items():
+            where = assignment_site(frame, obj) if obj is not None else None
+            if where is not None:
+                self.sites[(kind, id(loader))] = where
 
     # -- hooks
     def forward_pre(self, module: Any, args: Any) -> None:
@@ -340,9 +357,55 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
 def _site_init(rec: Recorder, kind: str, init: Any) -> Any:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         rec.site(kind, self)
+        if kind == "loader":
+            rec.loader_parts(self, args, kwargs)
         init(self, *args, **kwargs)
 
     return wrapper
+
+
+_TREES: dict[str, Any] = {}
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _tree(path: str) -> Any:
+    """The parsed source of ``path`` (cached; None when it does not parse)."""
+    if path not in _TREES:
+        try:
+            _TREES[path] = ast.parse("".join(linecache.getlines(path)))
+        except (SyntaxError, ValueError):
+            _TREES[path] = None
+    return _TREES[path]
+
+
+def assignment_site(frame: Any, obj: Any) -> dict[str, Any] | None:
+    """``{file, line, code}`` of the statement in ``frame``'s function that assigned ``obj`` to the local name
+    it has there (``train_batch_sampler = GroupedBatchSampler(...)``), before the frame's current line; None when
+    no local name holds it or the source does not show the assignment. Of several such statements (an if / else),
+    the one that names ``obj``'s class is preferred, then the latest."""
+    names = {n for n, v in frame.f_locals.items() if v is obj}
+    path = os.path.abspath(frame.f_code.co_filename)
+    tree = _tree(path) if names else None
+    if tree is None:
+        return None
+    line, first = frame.f_lineno, frame.f_code.co_firstlineno
+    scope: Any = tree
+    for node in ast.walk(tree):  # the function the frame runs (module code: the whole file)
+        starts = [node.lineno, *(d.lineno for d in node.decorator_list)] if isinstance(node, _FUNCS) else []
+        if first in starts:
+            scope = node
+    found = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.lineno < line:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if bound & names:
+                code = "".join(linecache.getlines(path)[node.lineno - 1 : node.end_lineno or node.lineno])
+                found.append((type(obj).__name__ + "(" in code, node.lineno))
+    if not found:
+        return None
+    best = max(found)[1]
+    return {"file": path, "line": best, "code": linecache.getline(path, best).strip()}
 
 
 def transform_settings(transform: Any) -> dict[str, Any]:
@@ -409,6 +472,53 @@ def inner_dataset(ds: Any) -> tuple[Any, list[str]]:
     return ds, wrappers
 
 
+def _transform_of(ds: Any) -> Any:
+    """A dataset's transforms: ``transform`` / ``transforms``, or ``_transforms`` (the detection reference's own
+    CocoDetection subclass); torchvision's transforms-v2 wrapper takes them off the dataset it wraps onto itself."""
+    for name in ("transform", "transforms", "_transforms"):
+        t = getattr(ds, name, None)
+        if t is not None:
+            return t
+    return None
+
+
+def transform_steps(transform: Any, depth: int = 0) -> list[str]:
+    """The class names of a transform pipeline's steps, nested Composes and presets flattened (torchvision's v1 /
+    v2 ``Compose``, the detection reference's ``DetectionPresetTrain`` and its own ``Compose``: ``.transforms``)."""
+    if transform is None or depth > 6:
+        return []
+    inner = getattr(transform, "transforms", None)
+    if isinstance(inner, list | tuple):
+        return [n for t in inner for n in transform_steps(t, depth + 1)]
+    if inner is not None and inner is not transform:
+        return transform_steps(inner, depth + 1)
+    return [type(transform).__name__]
+
+
+# The detection reference's train policies (references/detection/presets.py), told by the step that resizes or
+# crops; none of them: "hflip" - full-size images, which the detector's own transform then resizes
+_POLICIES = (
+    ("ScaleJitter", "lsj"),
+    ("FixedSizeCrop", "lsj"),
+    ("RandomShortestSize", "multiscale"),
+    ("RandomZoomOut", "ssd"),
+    ("RandomIoUCrop", "ssdlite"),
+)
+
+
+def detection_policy(transform: Any) -> str | None:
+    """A detection dataset's train policy in words: the detection reference's name for it (``hflip``,
+    ``multiscale``, ``lsj``, ``ssd``, ``ssdlite``) and its steps, or None when it has no transforms."""
+    steps = transform_steps(transform)
+    if not steps:
+        return None
+    name = next((p for step, p in _POLICIES if step in steps), None)
+    if name is None:
+        resizes = [s for s in steps if "Resize" in s or "Crop" in s or "Size" in s]
+        name = "hflip: full-size images, resized by the detector's own transform" if not resizes else "custom"
+    return f"{name} ({', '.join(steps)})"
+
+
 def loader_settings(loader: Any) -> dict[str, Any]:
     """A DataLoader's settings and its dataset's kind (``ptt.make_loader``'s own loader is named as such)."""
     from pytorchtricks.data.batches import BatchDataset, StreamBatches
@@ -423,8 +533,14 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         sampler = type(bs).__name__
         batch = getattr(bs, "batch_size", None)
     via = "DataLoader"
+    layers = [ds]  # the dataset and its wrappers, outermost first: whichever holds the transforms
+    for _ in range(8):
+        inner = getattr(layers[-1], "dataset", None) or getattr(layers[-1], "_dataset", None)
+        if inner is None or not hasattr(inner, "__getitem__"):
+            break
+        layers.append(inner)
     ds, wrappers = inner_dataset(ds)
-    transform = getattr(ds, "transform", None) or getattr(ds, "transforms", None)
+    transform = _transform_of(ds) or next((t for x in layers if (t := _transform_of(x)) is not None), None)
     settings = transform_settings(transform)
     if isinstance(ds, BatchDataset | StreamBatches):  # one item = one batch, built by ptt.make_loader
         via = "ptt.make_loader"
@@ -443,6 +559,7 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "root": getattr(ds, "root", None),
         "transform": repr(transform).replace("\n", " ") if transform is not None else None,
         "transform_settings": settings,
+        "policy": detection_policy(transform) if type(ds).__name__ in DETECTION_DATASETS else None,
         "batch_size": batch,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
@@ -483,8 +600,9 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
         report.captured["loader"] = first
         ds = first.dataset
         report.captured["dataset"] = getattr(ds, "dataset", ds)  # make_loader's BatchDataset wraps the user's
-        if ("loader", id(first)) in rec.sites:
-            report.sites["loader"] = rec.sites[("loader", id(first))]
+        for kind in ("loader", "dataset", "sampler"):
+            if (kind, id(first)) in rec.sites:
+                report.sites[kind] = rec.sites[(kind, id(first))]
     if ("backward", id(None)) in rec.sites:
         report.sites["backward"] = rec.sites[("backward", id(None))]
     rec.stop_meter()

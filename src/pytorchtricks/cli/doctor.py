@@ -111,9 +111,15 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
             f"loader{at('loader') if i == 0 else ''}: {x['via']} over {x['dataset']} ({x['samples']} samples), "
             f"batch {x['batch_size']}"
             + (f" (from its {x['batch_sampler']})" if x.get("batch_sampler") else "")
+            + (f", policy {x['policy']}" if x.get("policy") else "")
             + ", num_workers "
             f"{x['num_workers']}, pin_memory {x['pin_memory']}, persistent_workers {x['persistent_workers']}, "
-            f"prefetch_factor {x['prefetch_factor']}",
+            f"prefetch_factor {x['prefetch_factor']}"
+            + (
+                "; built from " + ", ".join(f"its {k}{at(k)}" for k in ("dataset", "sampler") if at(k))
+                if i == 0 and (at("dataset") or at("sampler"))
+                else ""
+            ),
             highlight=False,
         )
     if r.model:

@@ -330,6 +330,7 @@ def _script_lines(p: dict[str, Any], names: list[str], fields: dict[str, Any]) -
                 "#     in the loop: images = [b.images[i, :, :h, :w].to(device).float().div_(255) for i, (h, w) in "
                 "enumerate(b.sizes.tolist())]; targets = b.targets",
             ]
+            out += _detection_parts(sites)
             continue
         if kind == "loader":
             if sc.get("root"):
@@ -340,6 +341,29 @@ def _script_lines(p: dict[str, Any], names: list[str], fields: dict[str, Any]) -
         out += [f"#         {c}" for c in code]
         if kind == "loader":
             out += [f"#     {x}" for x in _loader_notes(sc)]
+    return out
+
+
+def _detection_parts(sites: dict[str, Any]) -> list[str]:
+    """The script's lines that made the detection loader's dataset and batch sampler, and what becomes of them
+    once ``make_detection_loader`` reads the annotations itself."""
+    out = []
+    for kind, what in (
+        (
+            "dataset",
+            "its CocoDetection (and the transforms policy) is what ptt.open_detection replaces above: the same "
+            "annotation file and images; keep the line where the script needs it for more (num_classes, the "
+            "evaluation set)",
+        ),
+        (
+            "sampler",
+            "drop it (and the aspect-ratio groups computed for it): make_detection_loader groups by aspect ratio "
+            "itself, every image once per epoch (DistributedSampler's ranks too)",
+        ),
+    ):
+        site = sites.get(kind)
+        if site:
+            out += [f"#   {os.path.basename(site['file'])}:{site['line']}  {site['code']}", f"#     {what}"]
     return out
 
 
