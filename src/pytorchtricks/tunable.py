@@ -157,6 +157,7 @@ class TuneSetup:
     accumulate: Callable[[Any, Any, Any], Any] | None = None
     activation_budget_bytes: int | None = None
     task: str = "classification"
+    max_size: int | None = None  # detection: the long side's cap of the detector's resize (its transform's)
 
     @property
     def micro_batch_size(self) -> int:

@@ -88,8 +88,8 @@ def test_our_detection_loader_is_checked_before_it_is_timed(workload):
 def test_tricks_that_serve_only_classification_are_skipped_with_the_reason():
     facts = TuneFacts(verdict="input-bound", data_kind="files", task="detection", has_conv2d=True)
     assert "not measured on detection" in (why_not(by_name("remove_conv_bias_before_bn"), facts) or "")
-    assert "not measured on detection" in (why_not(by_name("cache_in_ram"), facts) or "")
-    assert why_not(by_name("make_loader"), facts) is None
+    assert "not measured on detection" in (why_not(by_name("dataset_on_device"), facts) or "")
+    assert why_not(by_name("make_loader"), facts) is None and why_not(by_name("cache_in_ram"), facts) is None
 
 
 def test_the_two_loaders_own_rates_are_measured_side_by_side(workload):
@@ -118,7 +118,7 @@ def test_model_tricks_are_checked_on_the_detectors_loss_dict(workload, trick):
 @pytest.mark.parametrize(
     "recommended",
     [["make_loader"], [], ["accumulate_gradients[2]"], ["accumulate_gradients[2]", "make_loader"],
-     ["pack[resize]", "make_loader"]],
+     ["pack[resize]", "make_loader"], ["cache_in_ram", "make_loader"]],
 )  # fmt: skip
 def test_apply_py_of_a_detection_receipt_runs_with_its_loop(
     workload, coco, recommended, tmp_path, monkeypatch
@@ -143,6 +143,9 @@ def test_apply_py_of_a_detection_receipt_runs_with_its_loop(
     code = receipt.apply_snippet(payload)
     assert ("ROOT = " in code) == ("pack[resize]" in recommended) and "loss_fn" not in code
     monkeypatch.chdir(tmp_path)  # the pack line writes ./pack-out
+    monkeypatch.setattr("pytorchtricks.tricks.data.cache_in_ram.DEFAULT_DIR", str(tmp_path / "shm"))
+    if "cache_in_ram" in recommended:
+        assert f"dataset = ptt.cache_in_ram(dataset, 96, max_size={workload.max_size})" in code
     ns: dict = {}
     exec(compile(code, "apply.py", "exec"), ns)
     dataset = ptt.open_detection(coco)
@@ -192,12 +195,13 @@ def test_a_detectors_memory_candidates_checkpoint_its_backbone_exactly(coco):
     assert any("checkpoint plan of the backbone" in s for s in said)
 
 
-@pytest.mark.parametrize("trick", ["pack", "pack[resize]"])
+@pytest.mark.parametrize("trick", ["pack", "pack[resize]", "cache_in_ram"])
 def test_a_detection_root_packs_for_tune_with_its_boxes(coco, trick, tmp_path, monkeypatch):
-    """The pack candidates serve a detector: the root packed once (resized to the training size for pack[resize],
-    the boxes scaled with it) and read by our loader; the data check compares the pack's batches with the source
-    images and boxes (pixels >= 30 dB, boxes within 1 px)."""
+    """The pack and RAM-cache candidates serve a detector: the root packed (or decoded into the arena) once,
+    resized to the training size for pack[resize] and the cache, the boxes scaled with it, and read by our loader;
+    the data check compares its batches with the source images and boxes (pixels >= 30 dB, boxes within 1 px)."""
     monkeypatch.setenv("PTT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("pytorchtricks.tricks.data.cache_in_ram.DEFAULT_DIR", str(tmp_path / "shm"))
     # 160 px: re-encoded at 96 px (JPEG quality 90) these small photos lose 29.9 dB, under the bound (measured)
     w = build_workload(DETECTOR, coco, batch_size=2, input_size=160, num_workers=0, task="detection")
     assert "detection" in by_name(trick).hook.tasks
@@ -205,7 +209,13 @@ def test_a_detection_root_packs_for_tune_with_its_boxes(coco, trick, tmp_path, m
     assert got.passed and "boxes within" in got.detail and "of the source" in got.detail, got.detail
     r = Runner(w, (trick, "make_loader"))
     try:
-        assert type(r.setup.dataset).__name__ != "DetectionDataset"  # the pack, not the root
+        assert type(r.setup.dataset).__name__ != "DetectionDataset"  # the pack or the arena, not the root
+        if (
+            trick == "cache_in_ram"
+        ):  # decoded at the detector's size: short side 160, long side at most its cap
+            for i in range(len(w.dataset)):  # (never enlarged: a photo smaller than that stays as it is)
+                hw, hw0 = r.setup.dataset.read_raw(i)[0].shape[:2], w.dataset.image_hw(i)
+                assert min(hw) == min(160, *hw0) and max(hw) <= w.max_size
         r.step()
     finally:
         r.close()

@@ -59,6 +59,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         loader_kwargs={"num_workers": w.num_workers},
         activation_budget_bytes=w.run.activation_budget_bytes,
         task=w.task,
+        max_size=w.max_size,
     )
 
 

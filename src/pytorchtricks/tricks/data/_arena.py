@@ -39,6 +39,9 @@ RAM_DIR = "/dev/shm"
 DEFAULT_DIR = os.path.join(RAM_DIR, "ptt-cache")
 FORMAT = "ptt-arena-2"
 FILES = ("arena.u8", "index.npy", "index.json")
+EXTRAS = (
+    "targets.json",
+)  # a detection arena: each image's target (boxes in the stored pixels), JSON, never pickle
 BLOCK_BYTES = 4 << 20  # one CRC32 per 4 MiB: 12,800 numbers for 50 GiB; zlib.crc32 runs ~3 GB/s on one core
 FULL_CHECK_BYTES = 2 << 30  # "auto" checks every block up to 2 GiB (under a second), a sample above
 SAMPLE_BLOCKS = 64  # blocks a sampled check reads (the first, the last, the rest at random): ~256 MiB
@@ -116,8 +119,17 @@ class ArenaWriter:
     def close(self) -> None:
         self._fh.close()
 
-    def finish(self, size: int | None, source: str, content: str) -> None:
+    def finish(
+        self, size: int | None, source: str, content: str, extras: dict[str, bytes] | None = None
+    ) -> None:
+        """Write the index and the metadata (last); ``extras``: more files of the arena by name (a detection
+        arena's ``targets.json``), each checked against the SHA-256 the metadata stores for it."""
         self.close()
+        for name, body in (extras or {}).items():
+            if name not in EXTRAS:
+                raise ValueError(f"{name}: an arena's extra files are {EXTRAS}")
+            with open(os.path.join(self.tmp, name), "wb") as fh:
+                fh.write(body)
         if self._in_block:
             self.crcs.append(self._crc)
         buf = io.BytesIO()
@@ -135,11 +147,13 @@ class ArenaWriter:
             "block_crc32": self.crcs,
             "index_sha256": hashlib.sha256(buf.getvalue()).hexdigest(),
         }
+        if extras:
+            meta["extras"] = {name: hashlib.sha256(body).hexdigest() for name, body in extras.items()}
         meta["check"] = _meta_check(meta)
         with open(os.path.join(self.tmp, "index.json"), "w", encoding="utf-8") as fh:
             json.dump(meta, fh)
         # read-only, this user only, whatever the umask (002 would make them group-writable, then never trusted)
-        for name in FILES:
+        for name in (*FILES, *(extras or {})):
             os.chmod(os.path.join(self.tmp, name), 0o400)
 
 
@@ -163,11 +177,16 @@ def _load_meta(path: str) -> dict[str, Any]:
         or not all(isinstance(meta.get(k), str) for k in ("index_sha256", "content", "source"))
     ):
         raise ArenaError(f"{path}/index.json lacks fields of {FORMAT} or holds wrong types (damaged)")
+    extras = meta.get("extras", {})
+    if not isinstance(extras, dict) or not all(k in EXTRAS and isinstance(v, str) for k, v in extras.items()):
+        raise ArenaError(f"{path}/index.json lists extra files that are not {FORMAT}'s (damaged)")
     return meta
 
 
 class CachedDataset:
-    """Map-style view of a built arena: ``read_raw(i) -> (HxWx3 uint8 view, label, {})``; pickles by path.
+    """Map-style view of a built arena: ``read_raw(i) -> (HxWx3 uint8 view, label, {})``; pickles by path. A
+    detection arena (``task == "detection"``) also holds each image's target, boxes in the stored pixels
+    (``targets.json``, checked against its SHA-256): ``read_raw(i)[2]`` is ``{"target": ...}``.
 
     Opening checks before anything is served, and raises ``ArenaError`` (a ``PttError``) naming what is wrong:
     the folder and its files are this user's own and writable by no one else; ``index.json`` parses, is of this
@@ -189,6 +208,8 @@ class CachedDataset:
         if content is not None and meta.get("content") != content:
             raise ArenaError(f"{path} holds other data (content digest {str(meta.get('content'))[:16]}...)")
         idx = self._load_index(meta)
+        self.targets: list[dict[str, Any]] | None = self._load_targets(meta)
+        self.task = "detection" if self.targets is not None else "classification"
         self._arena: np.ndarray | None = None
         self.offsets, self.heights, self.widths = idx[:, 0], idx[:, 1], idx[:, 2]
         self.labels = idx[:, 3].copy()
@@ -218,6 +239,28 @@ class CachedDataset:
         if count and (idx[:, :3].min() < 0 or ends.max() > nbytes):
             raise ArenaError(f"{self.path}/index.npy points outside arena.u8 (damaged)")
         return idx
+
+    def _load_targets(self, meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A detection arena's targets (one JSON object per image), checked against their SHA-256; else None."""
+        want = meta.get("extras", {}).get("targets.json")
+        if want is None:
+            return None
+        path = os.path.join(self.path, "targets.json")
+        check_private(path, folder=False)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ArenaError(f"{path} is unreadable ({exc.strerror})") from exc
+        if hashlib.sha256(raw).hexdigest() != want:
+            raise ArenaError(f"{path} does not match its checksum (damaged)")
+        try:
+            targets = json.loads(raw)
+        except ValueError as exc:
+            raise ArenaError(f"{path} is not JSON ({exc})") from exc
+        if not isinstance(targets, list) or len(targets) != int(meta["count"]):
+            raise ArenaError(f"{path} does not hold one target per image (damaged)")
+        return targets
 
     def verify(self, *, full: bool = True) -> None:
         """Read every block (``full``) or a sample of blocks of ``arena.u8`` against the stored CRC32s."""
@@ -268,11 +311,19 @@ class CachedDataset:
         return len(self.labels)
 
     def read_raw(self, i: int) -> tuple[np.ndarray, int, dict[str, Any]]:
+        """``(HxWx3 uint8 view, label, extras)``; a detection arena's extras hold ``{"target": ...}`` (JSON, boxes
+        in the stored pixels), as a detection pack's records do."""
         o, h, w = int(self.offsets[i]), int(self.heights[i]), int(self.widths[i])
-        return self._map()[o : o + h * w * 3].reshape(h, w, 3), int(self.labels[i]), {}
+        extras = {"target": self.targets[i]} if self.targets is not None else {}
+        return self._map()[o : o + h * w * 3].reshape(h, w, 3), int(self.labels[i]), extras
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        arr, label, _ = self.read_raw(i)
+    def __getitem__(self, i: int) -> tuple[np.ndarray, Any]:
+        """``(pixels, label)``; a detection arena: ``(pixels, target)`` with the target's tensors."""
+        arr, label, extras = self.read_raw(i)
+        if "target" in extras:
+            from pytorchtricks.data.detection_loader import target_from_json
+
+            return arr, target_from_json(extras["target"])
         return arr, label
 
 

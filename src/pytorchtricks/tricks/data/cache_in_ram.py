@@ -4,6 +4,10 @@ Why: after the first epoch the decode is the same work again; a decoded, downsiz
 memory copies. One flat uint8 file plus an offset index (no Python objects per image) is mapped by every worker and
 every DDP rank on the node: the page cache holds one copy per node, not one per rank (YOLOv5 keeps one per rank).
 When: datasets whose decoded, resized pixels fit in RAM (``/dev/shm``) or on local disk (``cache_dir=...``).
+Detection data (``ptt.open_detection(root)`` or a detection pack): each image is stored at the detector's training
+size (short side ``size``, long side at most ``max_size``, as ``ptt pack --resize --max-side`` stores it) with its
+target - boxes, areas and polygons scaled to those pixels - beside it as checksummed JSON; ``make_detection_loader``
+reads it, and the model's own transform then resizes nothing.
 Caveats: the admission check extrapolates from a sample of images and keeps a safety margin; if the arena would not
 fit it warns and returns the dataset unchanged (``strict=True`` raises instead). The cache stores images with their
 short side resized to ``size`` (aspect kept): random crops then come from that smaller image, not the original.
@@ -66,6 +70,8 @@ def _tune_applies(facts: TuneFacts) -> str | None:
 
 def _tune_prepare(setup: TuneSetup) -> Any:
     try:  # the admission check (estimate x 1.3 against the free RAM of /dev/shm) refuses with the numbers
+        if setup.task == "detection":  # at the detector's own size: its transform then resizes nothing
+            return cache_in_ram(setup.dataset, setup.input_size, max_size=setup.max_size, strict=True)
         return cache_in_ram(setup.dataset, stored_side(setup.input_size), strict=True)
     except PttError as exc:
         raise TuneSkip(str(exc)) from exc
@@ -79,6 +85,9 @@ TUNE = TuneHook(
     changes="loader",
     check="data",
     receipt="dataset = ptt.cache_in_ram(dataset, size={cache_side})  # decoded once into /dev/shm",
+    detection_receipt="dataset = ptt.cache_in_ram(dataset, {input_size}, max_size={max_size})  # decoded once "
+    "into /dev/shm at the training size, the boxes scaled with the images",
+    tasks=("classification", "detection"),
     apply=_tune_apply,
     applies=_tune_applies,
     prepare=_tune_prepare,
@@ -99,12 +108,61 @@ def _short_side(h: int, w: int, size: int | None) -> tuple[int, int]:
     return max(size, round(h * s)), max(size, round(w * s))
 
 
-def _decoded(raw: Any, size: int | None) -> np.ndarray:
+def _decoded(raw: Any, size: int | None, max_size: int | None = None, detection: bool = False) -> np.ndarray:
+    """``raw`` decoded with its short side at ``size``; a detection image as ``ptt pack --resize size --max-side
+    max_size`` stores it (``target_hw``: never enlarged, the long side at most ``max_size``)."""
     if is_encoded(raw):
         h, w = image_size(raw)
-        return np.ascontiguousarray(decode_image(raw, size=_short_side(h, w, size)))
+        return np.ascontiguousarray(decode_image(raw, size=_stored_hw(h, w, size, max_size, detection)))
     arr = to_hwc(raw)
-    return np.ascontiguousarray(resize_array(arr, _short_side(arr.shape[0], arr.shape[1], size)))
+    hw = _stored_hw(arr.shape[0], arr.shape[1], size, max_size, detection)
+    return np.ascontiguousarray(arr if hw == arr.shape[:2] else resize_array(arr, hw))
+
+
+def _stored_hw(h: int, w: int, size: int | None, max_size: int | None, detection: bool) -> tuple[int, int]:
+    if not detection:
+        return _short_side(h, w, size)
+    from pytorchtricks.data.sources import target_hw
+
+    return target_hw(h, w, size, max_size) or (h, w)
+
+
+def _detection_item(dataset: Any, i: int, size: int | None, max_size: int | None) -> tuple[np.ndarray, str]:
+    """Image ``i`` of a detection dataset decoded at the stored size, and its target as JSON with the boxes,
+    areas and polygons scaled to those pixels (``scale_target_json``, as a resized pack stores them)."""
+    from pytorchtricks.data.detection_loader import read_detection_item, target_to_json
+    from pytorchtricks.data.detection_pack import scale_target_json
+
+    raw, target = read_detection_item(dataset, i)
+    arr = _decoded(raw, size, max_size, detection=True)
+    hw0 = image_size(raw) if is_encoded(raw) else tuple(to_hwc(raw).shape[:2])
+    t = {k: v for k, v in target_to_json(target).items() if k != "dropped"}
+    t["size"] = [int(hw0[0]), int(hw0[1])]
+    if tuple(arr.shape[:2]) != tuple(hw0):
+        t = scale_target_json(t, (int(arr.shape[0]), int(arr.shape[1])))
+    return arr, json.dumps(t)
+
+
+def _is_detection(dataset: Any) -> bool:
+    """A detection dataset cache_in_ram reads: ours (``open_detection``, ``DetectionDataset``) or a detection pack
+    (its manifest says so). torchvision's detection datasets are refused with the fix."""
+    from pytorchtricks.data.detection import is_detection_dataset
+
+    pack = _location(dataset, "path")
+    manifest = os.path.join(pack, "manifest.json") if pack else ""
+    if manifest and os.path.isfile(manifest):
+        with open(manifest, encoding="utf-8") as fh:
+            return "detection" in json.load(fh)
+    if not is_detection_dataset(dataset):
+        return False
+    if getattr(dataset, "task", None) != "detection":
+        raise PttError(
+            f"cache_in_ram caches detection datasets opened by ptt.open_detection(root) (or a detection pack); "
+            f"{type(dataset).__name__} is torchvision's, whose samples are PIL images with annotation lists. Open "
+            "the same annotations with ptt.open_detection(root), then ptt.cache_in_ram(dataset, size, "
+            "max_size=...) and ptt.make_detection_loader."
+        )
+    return True
 
 
 def _free_bytes(cache_dir: str) -> int:
@@ -116,10 +174,20 @@ def _free_bytes(cache_dir: str) -> int:
     return int(free)
 
 
-def _estimate(dataset: Any, size: int | None, n_sample: int, seed: int) -> int:
+def _estimate(
+    dataset: Any,
+    size: int | None,
+    n_sample: int,
+    seed: int,
+    max_size: int | None = None,
+    detection: bool = False,
+) -> int:
     n = len(dataset)
     picks = np.random.default_rng(seed).choice(n, size=min(n, n_sample), replace=False)
-    per = [_decoded(read_item(dataset, int(i))[0], size).nbytes for i in picks]
+    if detection:
+        per = [_detection_item(dataset, int(i), size, max_size)[0].nbytes for i in picks]
+    else:
+        per = [_decoded(read_item(dataset, int(i))[0], size).nbytes for i in picks]
     return int(np.mean(per) * n)
 
 
@@ -213,7 +281,24 @@ def _digest_listing(h: Any, root: str, rel: np.ndarray, labels: np.ndarray) -> N
     _digest_files(h, [(r, os.path.join(root, r)) for r in sample])
 
 
-def _content(dataset: Any, size: int | None, key: str | None) -> str:
+def _digest_detection(h: Any, dataset: Any) -> None:
+    """A ``DetectionDataset``'s key: its root and format, its tables (file names, sizes, boxes, labels, ...) and a
+    sample of its files' sizes and mtimes (``SAMPLED_FILES``, evenly spaced)."""
+    root = os.path.abspath(dataset.root)
+    h.update(f"detection:{root}:{dataset.format}\n".encode())
+    for arr in (dataset._names, dataset._name_off, dataset.image_ids, dataset.sizes, dataset.boxes,
+                dataset.labels, dataset.iscrowd, dataset.area, dataset.offsets):  # fmt: skip
+        a = np.ascontiguousarray(arr)
+        h.update(f"{a.dtype.str}{a.shape}:".encode())
+        h.update(a.data)
+    h.update(json.dumps(sorted(dataset.segmentation.items())).encode())
+    h.update(json.dumps(sorted(dataset.categories.items())).encode())
+    n = len(dataset)
+    picks = np.unique(np.linspace(0, max(n - 1, 0), min(n, SAMPLED_FILES)).astype(np.int64))
+    _digest_files(h, [(dataset.file(int(i)), dataset.path(int(i))) for i in picks])
+
+
+def _content(dataset: Any, size: int | None, key: str | None, max_size: int | None = None) -> str:
     """The digest of what the arena holds, the same in every process (workers, DDP ranks, later runs).
 
     ``key=`` names the content itself (the caller vouches for it). A ``JpegFolder``: its root, each file's
@@ -224,15 +309,18 @@ def _content(dataset: Any, size: int | None, key: str | None) -> str:
     size, the decoder and the arena format are always part of it. A dataset's own ``transform`` is not (a repr
     holds memory addresses): the records hashed and cached are what ``read_raw`` / ``[i]`` return.
     """
+    from pytorchtricks.data.detection import DetectionDataset
+
     decode = decode_image
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    h = hashlib.sha256(
-        json.dumps([FORMAT, size, f"{decode.__module__}.{decode.__qualname__}", len(dataset)]).encode()
-    )
+    head: list[Any] = [FORMAT, size, f"{decode.__module__}.{decode.__qualname__}", len(dataset)]
+    h = hashlib.sha256(json.dumps(head if max_size is None else [*head, "max_size", max_size]).encode())
     pack = _location(dataset, "path")
     pairs = None if key is not None or isinstance(dataset, JpegFolder) else _file_samples(dataset)
     if key is not None:
         h.update(f"key:{key}".encode())
+    elif isinstance(dataset, DetectionDataset):
+        _digest_detection(h, dataset)
     elif isinstance(dataset, JpegFolder):
         root = os.path.abspath(dataset.root)
         h.update(f"folder:{kind}:{root}\n".encode())
@@ -271,9 +359,9 @@ def _file_samples(dataset: Any) -> list[tuple[str, int]] | None:
     return samples if ok else None
 
 
-def _key(dataset: Any, size: int | None, key: str | None) -> str:
+def _key(dataset: Any, size: int | None, key: str | None, max_size: int | None = None) -> str:
     """The arena's folder name: the first 16 hex digits of ``_content`` (which the arena stores in full)."""
-    return _content(dataset, size, key)[:16]
+    return _content(dataset, size, key, max_size)[:16]
 
 
 def _human(nbytes: int) -> str:
@@ -305,28 +393,40 @@ BUILD_BATCH = (
 
 
 def _build(
-    dataset: Any, size: int | None, final: str, num_workers: int, limit_bytes: int, source: str, content: str
+    dataset: Any,
+    size: int | None,
+    final: str,
+    num_workers: int,
+    limit_bytes: int,
+    source: str,
+    content: str,
+    detection: tuple[int | None] | None = None,
 ) -> None:
+    """Decode ``dataset`` into the arena ``final`` (built aside, renamed when complete). ``detection``:
+    ``(max_size,)`` for a detection dataset, whose targets (scaled to the stored pixels) go to ``targets.json``."""
     tmp = f"{final}.tmp{os.getpid()}"  # the name _arena.list_arenas reads as "a build of process <pid>"
     os.mkdir(
         tmp, 0o700
     )  # private whatever the umask; under the build lock, after clear_builds: never there yet
     loader = torch.utils.data.DataLoader(
-        _DecodeBatches(dataset, size, BUILD_BATCH),
+        _DecodeBatches(dataset, size, BUILD_BATCH, detection),
         batch_size=None,
         num_workers=num_workers,
         prefetch_factor=2 if num_workers else None,
     )
     writer = ArenaWriter(tmp, len(dataset))
+    targets: list[str] = []
     try:
-        for b, (pixels, shapes, labels) in enumerate(loader):
+        for b, (pixels, shapes, labels, batch_targets) in enumerate(loader):
             if writer.offset + pixels.numel() > limit_bytes:
                 raise MemoryError(
                     f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB in images "
                     f"{b * BUILD_BATCH}..{b * BUILD_BATCH + len(labels) - 1}"
                 )
             writer.add_batch(b * BUILD_BATCH, pixels.numpy(), shapes.numpy(), labels.numpy())
-        writer.finish(size, source, content)
+            targets += batch_targets
+        extras = {"targets.json": ("[" + ",".join(targets) + "]").encode()} if detection is not None else None
+        writer.finish(size, source, content, extras)
         os.replace(tmp, final)  # atomic: readers see a complete arena or none
     finally:
         writer.close()
@@ -353,22 +453,32 @@ class _DecodeBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     memory file, one pickle, one queue message) per image, and the writer appends it with one write.
     """
 
-    def __init__(self, dataset: Any, size: int | None, batch: int) -> None:
-        self.dataset, self.size, self.batch = dataset, size, batch
+    def __init__(
+        self, dataset: Any, size: int | None, batch: int, detection: tuple[int | None] | None = None
+    ) -> None:
+        self.dataset, self.size, self.batch, self.detection = dataset, size, batch, detection
 
     def __len__(self) -> int:
         return -(-len(self.dataset) // self.batch)
 
-    def __getitem__(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __getitem__(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+        """Also each image's target as JSON (a detection dataset; else an empty list): one string per image
+        crosses from the worker, not a dict of tensors."""
         lo, hi = b * self.batch, min(len(self.dataset), (b + 1) * self.batch)
-        arrays, labels = [], []
+        arrays, labels, targets = [], [], []
         for i in range(lo, hi):
+            if self.detection is not None:
+                arr, t = _detection_item(self.dataset, i, self.size, self.detection[0])
+                arrays.append(arr)
+                labels.append(0)  # a detection image has no class label: its labels are in its target
+                targets.append(t)
+                continue
             raw, label = read_item(self.dataset, i)
             arrays.append(_decoded(raw, self.size))
             labels.append(label)
         shapes = torch.tensor([a.shape[:2] for a in arrays], dtype=torch.int64).reshape(-1, 2)
         pixels = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
-        return pixels, shapes, torch.tensor(labels, dtype=torch.int64)
+        return pixels, shapes, torch.tensor(labels, dtype=torch.int64), targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,6 +497,7 @@ class CacheConfig:
 
     budget: int | None = None
     cache_dir: str | None = None
+    max_size: int | None = None
     key: str | None = None
     num_workers: int | None = None
     sample: int = 32
@@ -402,6 +513,7 @@ def cache_in_ram(
     *,
     budget: int | None = None,
     cache_dir: str | None = None,
+    max_size: int | None = None,
     key: str | None = None,
     num_workers: int | None = None,
     sample: int = 32,
@@ -424,6 +536,9 @@ def cache_in_ram(
     ``PttWarning`` saying why. One process per node builds, holding a lock; the others (any local rank) wait up to
     ``wait_s`` for it, and if it dies take over within ``POLL_S`` and rebuild, deleting its leftovers.
     ``config``: a ``CacheConfig`` holding these options instead of the keywords (not both).
+    A detection dataset (``ptt.open_detection(root)``, a detection pack): images stored with the short side at
+    ``size`` and the long side at most ``max_size`` (never enlarged), each target scaled to them and kept in the
+    arena (``read_raw(i)[2]["target"]``); torchvision's ``CocoDetection`` is refused with the fix.
 
     Example:
         >>> import tempfile
@@ -438,9 +553,11 @@ def cache_in_ram(
     if isinstance(dataset, CachedDataset):
         warnings.warn("dataset is already cached; nothing to do.", NoEffectWarning, stacklevel=2)
         return dataset
-    from pytorchtricks.data.detection import refuse_detection
-
-    refuse_detection(dataset, "cache_in_ram")
+    detection = (cfg.max_size,) if _is_detection(dataset) else None
+    if detection is None and cfg.max_size is not None:
+        raise PttError(
+            "max_size= caps a detection image's long side; this dataset is not a detection dataset."
+        )
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         raise PttError(
             "cache_in_ram needs a map-style dataset (ShardDataset, JpegFolder, ...), not a stream."
@@ -455,7 +572,7 @@ def cache_in_ram(
             PttWarning,
             stacklevel=2,
         )
-    content = _content(dataset, size, key)
+    content = _content(dataset, size, key, cfg.max_size)
     final = os.path.join(root, content[:16])
     cached, built = _open(final, verify, content, discard_bad=False), False
     if cached is None:
@@ -464,7 +581,7 @@ def cache_in_ram(
             if cached is None:
                 clear_builds(root, content[:16])  # ours to delete: we hold the lock, their builders are dead
                 if not _admit_and_build(
-                    dataset, size, final, budget, num_workers, sample, strict, key, content
+                    dataset, size, final, budget, num_workers, sample, strict, key, content, detection
                 ):
                     return dataset
                 cached, built = CachedDataset(final, verify="none", content=content), True
@@ -483,10 +600,12 @@ def _admit_and_build(
     strict: bool,
     key: str | None,
     content: str,
+    detection: tuple[int | None] | None = None,
 ) -> bool:
     """Build the arena at ``final`` when the estimate fits; False (after warning) when the dataset stays uncached."""
     root = os.path.dirname(final)
-    need = _estimate(dataset, size, sample, 0)
+    max_size = detection[0] if detection is not None else None
+    need = _estimate(dataset, size, sample, 0, max_size, detection is not None)
     limit = _free_bytes(root) if budget is None else min(int(budget), _free_bytes(root))
     if need * SAFETY > limit:
         msg = (
@@ -500,7 +619,7 @@ def _admit_and_build(
         return False
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
     try:
-        _build(dataset, size, final, workers, limit, _source(dataset, key), content)
+        _build(dataset, size, final, workers, limit, _source(dataset, key), content, detection)
     except MemoryError as exc:
         if strict:
             raise PttError(
