@@ -285,6 +285,7 @@ def test_apply_py_names_the_detection_scripts_dataset_loader_and_sampler_lines()
 
     script = {
         "file": "/ref/train.py", "root": "/coco/train2017", "via": "DataLoader",
+        "annotations": "/coco/annotations/instances_train2017.json",
         "sites": {"loader": site("/ref/train.py", 230, "data_loader = torch.utils.data.DataLoader("),
                   "dataset": site("/ref/train.py", 205, "dataset, num_classes = get_dataset(is_train=True, args=args)"),
                   "sampler": site("/ref/train.py", 222, "train_batch_sampler = GroupedBatchSampler(train_sampler, "
@@ -310,6 +311,10 @@ def test_apply_py_names_the_detection_scripts_dataset_loader_and_sampler_lines()
         "data_loader = ptt.make_detection_loader(dataset, 4, ptt.DetectionRecipe.shortest_side(320, 640)"
         in block
     )
+    assert (
+        "dataset = ptt.open_detection('/coco/annotations/instances_train2017.json', images='/coco/train2017')"
+        in block
+    )  # the annotation file the script's CocoDetection was built from, as the doctor saw it
     after_dataset = block[block.index("train.py:205") :]
     assert "what ptt.open_detection replaces above" in after_dataset
     assert "drop it (and the aspect-ratio groups computed for it)" in block[block.index("train.py:222") :]
@@ -426,6 +431,7 @@ def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, 
     rows = [json.loads(x) for x in Path(tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     summary = rows[-1]
     assert summary["loaders"][0]["task"] == "detection" and summary["model"]["task"] == "detection"
+    assert summary["loaders"][0]["annotations"] == os.path.join(coco_root, "annotations.json")  # what it read
     assert len(summary["input_list"]) == 2 and all(len(s) == 3 for s in summary["input_list"])
     # --tune ran the detection workload on the script's own detector, its CocoDetection's annotations and images
     assert "tune on the script's objects: FasterRCNN" in out and "detection" in out

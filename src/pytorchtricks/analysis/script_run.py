@@ -235,6 +235,7 @@ def _detection_arguments(
     script = {
         "file": r.script, "sites": r.sites, "via": loader.get("via"), "root": root,
         "transform": loader.get("transform_settings") or {}, "loader_workers": loader.get("num_workers"),
+        "annotations": loader.get("annotations"),
     }  # fmt: skip
     return {
         "model": copy.deepcopy(model).cpu(),

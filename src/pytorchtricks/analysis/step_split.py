@@ -138,6 +138,7 @@ class Recorder:
         # step's start to the last one's end)
         self.list_inputs: dict[int, list[list[int]]] = {}  # a model called on a list of images: their shapes
         self.outputs: dict[int, list[str]] = {}  # a model that returns a dict (a detector's losses): its keys
+        self.annotations: dict[int, str] = {}  # a CocoDetection's id -> the annotation file it was built from
         self.meter: CpuMeter | None = CpuMeter().__enter__() if warmup == 0 else None
         self.cpu: CpuUse | None = None
         self.cpu_steps = 0
@@ -345,6 +346,9 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
     if sites:
         for owner, kind in ((dl.DataLoader, "loader"), (om.Optimizer, "optimizer"), (mm.Module, "model")):
             patch(owner, "__init__", _site_init(rec, kind, owner.__init__))
+        coco = _coco_class()
+        if coco is not None:  # the annotation file a CocoDetection reads (the object keeps only its contents)
+            patch(coco, "__init__", _annotation_init(rec, coco.__init__))
     try:
         yield rec
     finally:
@@ -359,6 +363,25 @@ def _site_init(rec: Recorder, kind: str, init: Any) -> Any:
         rec.site(kind, self)
         if kind == "loader":
             rec.loader_parts(self, args, kwargs)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _coco_class() -> Any:
+    """torchvision's ``CocoDetection`` (None without torchvision)."""
+    try:
+        from torchvision.datasets import coco
+    except ImportError:
+        return None
+    return coco.CocoDetection
+
+
+def _annotation_init(rec: Recorder, init: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        ann = kwargs.get("annFile", args[1] if len(args) > 1 else None)
+        if isinstance(ann, str | os.PathLike):
+            rec.annotations[id(self)] = os.path.abspath(os.fspath(ann))
         init(self, *args, **kwargs)
 
     return wrapper
@@ -573,6 +596,10 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
     verdict."""
     report.steps = rec.records
     report.loaders = [loader_settings(x) for x in rec.loaders.values()]
+    for settings, x in zip(report.loaders, rec.loaders.values(), strict=True):
+        ann = rec.annotations.get(id(inner_dataset(x.dataset)[0]))
+        if ann is not None:
+            settings["annotations"] = ann
     if rec.models:
         m = max(rec.models.values(), key=lambda mod: sum(p.numel() for p in mod.parameters()))
         report.model = {"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters())}

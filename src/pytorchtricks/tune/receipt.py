@@ -320,8 +320,8 @@ def _script_lines(p: dict[str, Any], names: list[str], fields: dict[str, Any]) -
         if kind == "loader" and fields.get("task") == "detection":
             code.insert(
                 0,
-                f"dataset = ptt.open_detection('YOUR/instances_TRAIN.json', images={sc.get('root')!r})"
-                "  # the annotation file your CocoDetection reads",
+                f"dataset = ptt.open_detection({sc.get('annotations') or 'YOUR/instances_TRAIN.json'!r}, "
+                f"images={sc.get('root')!r})  # the annotation file and images your CocoDetection reads",
             )
             code = [re.sub(r"^loader = ", f"{var.group(1)} = ", c) if var else c for c in code]
             out += [f"#         {c}" for c in code]
