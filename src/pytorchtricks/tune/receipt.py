@@ -418,8 +418,15 @@ def _fp32_reason(candidates: list[dict[str, Any]]) -> str:
     return f": {row['reason']}" if row["status"] == "skipped" else ""
 
 
+RECEIPT_FILES = ("results.jsonl", "apply.py", "report.html", "receipt.json")
+
+
 def write_receipt(res: TuneResult, out_dir: str) -> str:
-    """Write the receipt of ``res`` to ``out_dir`` atomically; returns the folder."""
+    """Write the receipt of ``res`` to ``out_dir`` atomically; returns the folder.
+
+    A new folder, or one that holds only an earlier receipt, is swapped whole (the four files change together). A
+    folder that holds anything else (``--out .``, a project folder, a log beside the receipt) keeps it: each file
+    of the receipt is renamed into place, ``receipt.json`` last, and nothing else there is touched."""
     from pytorchtricks.report.html import render
 
     p = payload(res)
@@ -437,6 +444,11 @@ def write_receipt(res: TuneResult, out_dir: str) -> str:
         with open(os.path.join(tmp, "receipt.json"), "w", encoding="utf-8") as fh:
             json.dump(p, fh, indent=1, sort_keys=True)
         os.chmod(tmp, 0o755)
+        if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - set(RECEIPT_FILES):
+            for name in RECEIPT_FILES:  # receipt.json last: apply.py --check reads it
+                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+            os.rmdir(tmp)
+            return out_dir
         if os.path.exists(out_dir):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
             os.replace(out_dir, os.path.join(old, "prev"))
