@@ -232,3 +232,33 @@ def test_an_exact_trick_on_a_detector_is_rechecked_in_float64(workload):
     x, y = stage_batches(workload, 1)[0]
     got = _exact(workload, ("to_channels_last",), x, y, fp64=True)
     assert got.passed and got.kind.endswith("(float64)") and got.metrics["grad_rel"] < 1e-9, got.detail
+
+
+def test_ptt_profile_profiles_a_detectors_training_step(coco, capsys):
+    """`ptt profile --task detection`: the detector's loss-dict step on real images with boxes (nothing downloaded),
+    its time split and top ops; --input-shape, which a detector's images of many sizes cannot have, is refused."""
+    from pytorchtricks.cli import main
+
+    args = [
+        "profile",
+        DETECTOR,
+        "--task",
+        "detection",
+        "--data",
+        coco,
+        "--input-size",
+        "96",
+        "--batch-size",
+        "2",
+    ]
+    assert main([*args, "--steps", "2", "--profile-steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(detection, batch 2, shortest side 96" in out and "verdict:" in out and "backward" in out
+    assert "top ops" in out
+    assert main([*args, "--input-shape", "2,3,96,96"]) == 2
+    assert "takes --input-size" in capsys.readouterr().err
+    assert main(["profile", DETECTOR, "--data", coco]) == 2  # --data without --task detection
+    assert "--task detection" in capsys.readouterr().err
+    assert main(["profile", DETECTOR, "--steps", "1"]) == 2  # a detector profiled as a classifier
+    err = capsys.readouterr().err
+    assert "is a detector" in err and "profile its training step with --task detection" in err

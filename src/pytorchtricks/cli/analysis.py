@@ -55,6 +55,15 @@ def _add_profile(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace (.json) here")
     p.add_argument("--max-trace-mb", type=float, default=50.0)
+    p.add_argument(
+        "--task", choices=("classification", "detection"), default="classification",
+        help="detection: a torchvision detector's training step (its loss dict summed) on real images with boxes",
+    )  # fmt: skip
+    p.add_argument("--data", help="--task detection: a COCO / YOLO / VOC root (default: the built-in photos)")
+    p.add_argument("--batch-size", type=int, help="--task detection: images per step (default: 4)")
+    p.add_argument(
+        "--input-size", type=int, help="--task detection: the detector's shortest side (default: its own)"
+    )
     p.set_defaults(handler=_cmd_profile)
 
 
@@ -65,7 +74,17 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from pytorchtricks.core import resolve_device
 
     dev = resolve_device(args.device)
+    if args.task == "detection":
+        return _profile_detection(args, dev)
+    if args.data or args.batch_size or args.input_size:
+        raise PttError("--data, --batch-size and --input-size are for --task detection; give a classification "
+                       "model its batch with --input-shape N,C,H,W.")  # fmt: skip
     model, x = _model_and_input(args.model, args.input_shape, "8,3,224,224")
+    from pytorchtricks.analysis.step_split import model_task
+
+    if model_task(model) == "detection":
+        raise PttError(f"{args.model} is a detector (it trains on images with boxes and returns a loss dict): "
+                       "profile its training step with --task detection [--data ROOT].")  # fmt: skip
     model.to(dev).train()
     try:
         with torch.no_grad():
@@ -94,6 +113,48 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         max_trace_bytes=int(args.max_trace_mb * 2**20), device=dev,
     )  # fmt: skip
     _console().print(str(rep), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _profile_detection(args: argparse.Namespace, dev: Any) -> int:
+    """``ptt profile --task detection``: the detector's training step as ``ptt tune --task detection`` builds it
+    (random weights, nothing downloaded; its loss dict summed; SGD), on two batches of real images with boxes from
+    ``make_detection_loader`` at the detector's own size, held in memory (the step, not the loader)."""
+    import itertools
+
+    import torch
+
+    from pytorchtricks.analysis.profile import profile
+    from pytorchtricks.tune import detection
+    from pytorchtricks.tune.workload import build_workload
+
+    if args.input_shape:
+        raise PttError("--task detection takes --input-size (the detector's shortest side) and --batch-size, not "
+                       "--input-shape: a detector's images differ in size.")  # fmt: skip
+    w = build_workload(
+        args.model, args.data, batch_size=args.batch_size or 4, input_size=args.input_size, num_workers=0,
+        device=str(dev), task="detection",
+    )  # fmt: skip
+    model = w.model_factory().to(dev).train()
+    loader = detection.our_loader(w.dataset, w.batch_size, w.input_size, w.max_size or 1333, {}, 0, True)
+    batches = [detection.to_model_inputs(b, None, dev) for b in itertools.islice(iter(loader), 2)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(batch: tuple[Any, Any]) -> None:
+        _, loss = detection.loss_of(model, *batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    rep = profile(
+        step, args.steps, data=batches, profile_steps=args.profile_steps, trace_path=args.trace,
+        max_trace_bytes=int(args.max_trace_mb * 2**20), device=dev,
+    )  # fmt: skip
+    _console().print(
+        f"{w.model_spec} (detection, batch {w.batch_size}, shortest side {w.input_size}, longest {w.max_size}) on "
+        f"{w.data_desc}: two batches of it held in memory\n{rep}",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
     return 0
 
 
