@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "--device-step-ms", f"{args.device_step_ms:g}", "--tune-out", os.path.join(out, "tune"), "--", *script,
     ]  # fmt: skip
     with open(os.path.join(out, "command.txt"), "w", encoding="utf-8") as fh:
-        fh.write(" ".join(cmd[2:]).replace(sys.executable, "python") + "\n")
+        fh.write("ptt " + " ".join(cmd[3:]) + "\n")  # `python -m pytorchtricks.cli` is the `ptt` command
     with open(os.path.join(out, "run.log"), "w", encoding="utf-8") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out, check=False).returncode
     print(f"exit {rc}; the log: {os.path.join(out, 'run.log')}")

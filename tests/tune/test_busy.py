@@ -245,6 +245,7 @@ def test_tune_on_a_busy_machine_says_so_and_records_busy_per_phase(tmp_path, mod
 
     text = "\n".join(summary_lines(res, out))
     assert "keep the current setup" not in text and "CPU taken by other processes, per phase" in text
+    assert f"verdict: [bold]{res.diagnosis.verdict}[/] - " in text and "CPU-s" in text  # with its CPU-seconds
     with open(os.path.join(out, "results.jsonl"), encoding="utf-8") as fh:
         run = json.loads(fh.readline())
     assert run["kind"] == "tune-run" and run["unreliable"]

@@ -133,6 +133,10 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
 
     env = res.env
     lines = []
+    d = res.diagnosis
+    if d is not None and d.verdict:  # what bounds the step, with the seconds and CPU-seconds that say so
+        lines.append(f"verdict: [bold]{escape(d.verdict)}[/] - {escape(d.evidence)}" if d.evidence else
+                     f"verdict: [bold]{escape(d.verdict)}[/]")  # fmt: skip
     if res.memory is not None and res.memory.message:
         lines.append(f"memory: {escape(res.memory.message)}")
     if res.recommended:

@@ -16,7 +16,7 @@ def apply(model, dataset, batch_size, device="cpu"):
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # the loop's own optimizer
     loader = DataLoader(dataset, batch_size, shuffle=True, num_workers=2, collate_fn=lambda b: tuple(zip(*b)))  # as today (the detection reference's list collate)
-    mp = ptt.mixed_precision(device, enabled=False)  # fp32: checked but not measured: 45 s of the budget were left for measuring, enough for 1 candidate(s) in >= 3 interleaved rounds at 3.26 s per whole step (2.82 s per compute step) (raise --time-budget)
+    mp = ptt.mixed_precision(device, enabled=False)  # fp32: not tried: the time budget was spent on higher-priority candidates (raise --time-budget)
     return model, optimizer, loader, mp
 
 
@@ -37,19 +37,19 @@ def apply(model, dataset, batch_size, device="cpu"):
 #   fuse_conv_bn: skipped - applies to inference only
 #   inplace_activations: skipped - saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)
 #   to_inplace_abn: skipped - saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)
-#   to_channels_last: rejected - gain not significant: 1.06x (IQR 1.03-1.06) does not clear 1.05 on the compute step (batches staged in memory)
+#   to_channels_last: rejected - gain not significant: 1.03x (IQR 1.01-1.07) does not clear 1.05 on the compute step (batches staged in memory)
 #   checkpoint_activations: skipped - saves memory, not time: tried when memory is the goal (--memory-budget SIZE or --goal memory)
-#   fast_optimizer: skipped - checked but not measured: 45 s of the budget were left for measuring, enough for 1 candidate(s) in >= 3 interleaved rounds at 3.26 s per whole step (2.82 s per compute step) (raise --time-budget)
-#   mixed_precision: skipped - checked but not measured: 45 s of the budget were left for measuring, enough for 1 candidate(s) in >= 3 interleaved rounds at 3.26 s per whole step (2.82 s per compute step) (raise --time-budget)
+#   fast_optimizer: skipped - checked but not measured: 70 s of the budget were left for measuring, enough for 1 candidate(s) in >= 3 interleaved rounds at 4.84 s per whole step (3.79 s per compute step) (raise --time-budget)
+#   mixed_precision: skipped - not tried: the time budget was spent on higher-priority candidates (raise --time-budget)
 #   quantize: skipped - applies to inference only
 #   compile: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
 #   enable_cudnn_benchmark: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
 #   enable_tf32: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
-#   cache_in_ram: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
-#   pack: skipped - the step does not wait on input (the input pipeline costs 13% of it, verdict compute-bound): a faster loader cannot speed it up
-#   pack[resize]: skipped - the step does not wait on input (the input pipeline costs 13% of it, verdict compute-bound): a faster loader cannot speed it up
+#   cache_in_ram: skipped - the step does not wait on input (the input pipeline costs 22% of it, verdict compute-bound): a faster loader cannot speed it up
+#   pack: skipped - the step does not wait on input (the input pipeline costs 22% of it, verdict compute-bound): a faster loader cannot speed it up
+#   pack[resize]: skipped - the step does not wait on input (the input pipeline costs 22% of it, verdict compute-bound): a faster loader cannot speed it up
 #   dataset_on_device: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
-#   make_loader: skipped - the step does not wait on input (the input pipeline costs 13% of it, verdict compute-bound): a faster loader cannot speed it up
+#   make_loader: skipped - the step does not wait on input (the input pipeline costs 22% of it, verdict compute-bound): a faster loader cannot speed it up
 #   autotune_loader: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
 #   prefetch_to_device: skipped - not measured on detection workloads yet (it serves classification): its hook builds and checks a classification step
 
