@@ -123,3 +123,17 @@ def test_a_damaged_target_file_is_caught_and_the_arena_rebuilt(coco_root, tmp_pa
     torch.testing.assert_close(
         read_detection_item(again, 0)[1]["boxes"], read_detection_item(cached, 0)[1]["boxes"]
     )
+
+
+def test_the_arena_key_is_the_same_in_every_process_of_a_yolo_root(photo_set, writers, tmp_path):
+    """A YOLO dataset learns its image sizes from the files as it reads them (per process); the arena's key must
+    not change with that, or DDP ranks and workers would each build their own arena. A changed box changes it."""
+    from pytorchtricks.tricks.data.cache_in_ram import _key
+
+    writers.yolo(tmp_path / "y", photo_set)
+    ds = open_detection(tmp_path / "y")
+    before = _key(ds, 256, None, 400)
+    ds.image_hw(0)  # learnt from the file's header, in this process only
+    assert _key(ds, 256, None, 400) == before != _key(ds, 256, None, 500)
+    ds.boxes[0, 0] += 0.01
+    assert _key(ds, 256, None, 400) != before

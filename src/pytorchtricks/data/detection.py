@@ -181,6 +181,23 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
         return (self[i] for i in range(len(self)))
 
+    def content_digest(self) -> str:
+        """SHA-256 of what the annotations say: the root, the format, every file name, image id, box, label and
+        polygon, the categories - the same in every process (image sizes are left out: a YOLO dataset learns them
+        from the files as it reads, so they differ between processes; the files' own checks catch a changed one).
+        Not the pixels: pair it with the files' sizes and mtimes to key a cache of them."""
+        import hashlib
+
+        h = hashlib.sha256(f"detection:{os.path.abspath(self.root)}:{self.format}\n".encode())
+        for arr in (self._names, self._name_off, self.image_ids, self.boxes, self.labels, self.iscrowd,
+                    self.area, self.offsets):  # fmt: skip
+            a = np.ascontiguousarray(arr)
+            h.update(f"{a.dtype.str}{a.shape}:".encode())
+            h.update(a.data)
+        h.update(json.dumps(sorted(self.segmentation.items())).encode())
+        h.update(json.dumps(sorted((int(k), v) for k, v in self.categories.items())).encode())
+        return h.hexdigest()
+
     def __repr__(self) -> str:
         return (
             f"DetectionDataset({self.format}, {len(self)} images, {len(self.boxes)} boxes, "
