@@ -70,7 +70,6 @@ def _add_profile(sub: Any) -> None:
 def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
-    from pytorchtricks.analysis.profile import profile
     from pytorchtricks.core import resolve_device
 
     dev = resolve_device(args.device)
@@ -99,11 +98,27 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise PttError("ptt profile trains with cross-entropy on a [batch, classes] output; profile other models "
                        "from Python with ptt.profile(step_fn, data=...).")  # fmt: skip
     batches = [(x, torch.randint(0, out.shape[1], (x.shape[0],))) for _ in range(2)]  # synthetic, on the host
+
+    def loss_of(batch: tuple[Any, Any]) -> Any:
+        xb, yb = batch[0].to(dev, non_blocking=True), batch[1].to(dev, non_blocking=True)
+        return torch.nn.functional.cross_entropy(model(xb), yb)
+
+    return _profile_sgd(args, dev, model, loss_of, batches, "")
+
+
+def _profile_sgd(
+    args: argparse.Namespace, dev: Any, model: Any, loss_of: Any, batches: list[Any], head: str
+) -> int:
+    """Profile SGD steps of ``model`` on ``batches`` (``loss_of(batch)`` the step's loss); print ``head``, then the
+    report."""
+    import torch
+
+    from pytorchtricks.analysis.profile import profile
+
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step(batch: tuple[Any, Any]) -> None:
-        xb, yb = batch[0].to(dev, non_blocking=True), batch[1].to(dev, non_blocking=True)
-        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+    def step(batch: Any) -> None:
+        loss = loss_of(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -112,7 +127,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         step, args.steps, data=batches, profile_steps=args.profile_steps, trace_path=args.trace,
         max_trace_bytes=int(args.max_trace_mb * 2**20), device=dev,
     )  # fmt: skip
-    _console().print(str(rep), markup=False, highlight=False, soft_wrap=True)
+    _console().print(f"{head}{rep}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -122,9 +137,6 @@ def _profile_detection(args: argparse.Namespace, dev: Any) -> int:
     ``make_detection_loader`` at the detector's own size, held in memory (the step, not the loader)."""
     import itertools
 
-    import torch
-
-    from pytorchtricks.analysis.profile import profile
     from pytorchtricks.tune import detection
     from pytorchtricks.tune.workload import build_workload
 
@@ -138,24 +150,11 @@ def _profile_detection(args: argparse.Namespace, dev: Any) -> int:
     model = w.model_factory().to(dev).train()
     loader = detection.our_loader(w.dataset, w.batch_size, w.input_size, w.max_size or 1333, {}, 0, True)
     batches = [detection.to_model_inputs(b, None, dev) for b in itertools.islice(iter(loader), 2)]
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step(batch: tuple[Any, Any]) -> None:
-        _, loss = detection.loss_of(model, *batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    rep = profile(
-        step, args.steps, data=batches, profile_steps=args.profile_steps, trace_path=args.trace,
-        max_trace_bytes=int(args.max_trace_mb * 2**20), device=dev,
-    )  # fmt: skip
-    _console().print(
+    head = (
         f"{w.model_spec} (detection, batch {w.batch_size}, shortest side {w.input_size}, longest {w.max_size}) on "
-        f"{w.data_desc}: two batches of it held in memory\n{rep}",
-        markup=False, highlight=False, soft_wrap=True,
-    )  # fmt: skip
-    return 0
+        f"{w.data_desc}: two batches of it held in memory\n"
+    )
+    return _profile_sgd(args, dev, model, lambda batch: detection.loss_of(model, *batch)[1], batches, head)
 
 
 def _add_flops(sub: Any) -> None:
