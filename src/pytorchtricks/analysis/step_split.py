@@ -480,9 +480,16 @@ def model_task(model: Any) -> str | None:
 def inner_dataset(ds: Any) -> tuple[Any, list[str]]:
     """The dataset inside a ``Subset`` and torchvision's transforms-v2 wrapper (``wrap_dataset_for_transforms_v2``),
     and the wrappers' names, outermost first: a doctor names ``CocoDetection``, not ``Subset``."""
-    wrappers = []
+    layers = _layers(ds)
+    return layers[-1][0], [name for _, name in layers[:-1]]
+
+
+def _layers(ds: Any) -> list[tuple[Any, str]]:
+    """``ds`` and the datasets it wraps (``Subset``, the transforms-v2 wrapper), outermost first, each with the
+    wrapper's name (the innermost: "")."""
+    out = []
     for _ in range(8):
-        inner = None
+        inner, name = None, ""
         cls = type(ds).__name__
         if isinstance(ds, torch.utils.data.Subset):
             inner, name = ds.dataset, "Subset"
@@ -490,9 +497,9 @@ def inner_dataset(ds: Any) -> tuple[Any, list[str]]:
             inner, name = ds._dataset, "the transforms-v2 wrapper"  # torchvision's WrappedCocoDetection
         if inner is None:
             break
-        wrappers.append(name)
+        out.append((ds, name))
         ds = inner
-    return ds, wrappers
+    return [*out, (ds, "")]
 
 
 def _transform_of(ds: Any) -> Any:
@@ -556,14 +563,9 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         sampler = type(bs).__name__
         batch = getattr(bs, "batch_size", None)
     via = "DataLoader"
-    layers = [ds]  # the dataset and its wrappers, outermost first: whichever holds the transforms
-    for _ in range(8):
-        inner = getattr(layers[-1], "dataset", None) or getattr(layers[-1], "_dataset", None)
-        if inner is None or not hasattr(inner, "__getitem__"):
-            break
-        layers.append(inner)
+    layers = _layers(ds)  # whichever layer holds the transforms: the v2 wrapper takes them off the dataset
     ds, wrappers = inner_dataset(ds)
-    transform = _transform_of(ds) or next((t for x in layers if (t := _transform_of(x)) is not None), None)
+    transform = next((t for x, _ in reversed(layers) if (t := _transform_of(x)) is not None), None)
     settings = transform_settings(transform)
     if isinstance(ds, BatchDataset | StreamBatches):  # one item = one batch, built by ptt.make_loader
         via = "ptt.make_loader"
