@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from pytorchtricks.bench.alloc_events import cpu_alloc_peak_bytes, quiet_peak_memory
+from pytorchtricks.bench.alloc_events import quiet_peak_memory
 from pytorchtricks.clock import cpu_tracked_peak_bytes
 from pytorchtricks.quiet import filtered_stderr, is_noise
 
@@ -50,7 +50,7 @@ def test_known_noise_is_dropped_and_everything_else_kept(capfd):
     assert not is_noise(b"ERROR: out of memory")
 
 
-def test_cpu_peak_meter_agrees_with_the_profiler_meter_and_starts_no_kineto(capfd):
+def test_quiet_peak_meter_agrees_with_the_profiler_meter_and_prints_no_kineto_lines(capfd):
     lin = torch.nn.Linear(256, 256)
     x = torch.randn(64, 256)
 
@@ -59,12 +59,10 @@ def test_cpu_peak_meter_agrees_with_the_profiler_meter_and_starts_no_kineto(capf
         lin(x).relu().sum().backward()
 
     step()
-    cpu_alloc_peak_bytes(step)  # the first metered call learns the sizes of blocks allocated before it
-    cpu_tracked_peak_bytes(step)
     capfd.readouterr()
     ours = quiet_peak_memory(step)
-    assert capfd.readouterr().err == ""  # Kineto was not started: no USDT / ERROR lines
-    assert ours.method == "cpu_tracked" and ours.peak_bytes == cpu_tracked_peak_bytes(step)
+    assert capfd.readouterr().err == ""  # no USDT / ERROR / unknown-size lines reach the terminal
+    assert ours.method == "cpu_tracked" and ours.peak_bytes == cpu_tracked_peak_bytes(step) > 0
 
 
 def _run(args: list[str], cwd: str) -> str:

@@ -375,19 +375,44 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = "cpu"
 
 
 def cpu_tracked_peak_bytes(fn: Callable[[], Any]) -> int:
-    """Peak of live CPU tensor bytes allocated inside ``fn`` (profiler memory events replayed in order)."""
+    """Peak of live CPU tensor bytes allocated inside ``fn``: the profiler's allocation events replayed in order.
+
+    A free counts only when its block was allocated inside ``fn``. The allocator's table of block sizes outlives a
+    profiling session, so the free of a block allocated before ``fn`` - during an earlier measurement, or at an
+    address an earlier measurement once used - is reported with a size, and replaying it would subtract bytes this
+    measurement never added. Pairing each free with an allocation by address leaves them out. (In a sweep over
+    models, one step read 0.56 MiB low this way - about the previous model's gradients.)
+
+    Example:
+        >>> cpu_tracked_peak_bytes(lambda: torch.ones(1024, 256).exp())  # input and output, 1 MiB each
+        2097152
+    """
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    cur = peak = 0
-    for e in events:
-        if "cpu" not in str(e.device_type()).lower():  # DeviceType.CPU; CUDA events are the allocator's job
+    events: list[tuple[int, int, int, int]] = []  # (time, free first on a tie, address, bytes)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag != _EventType.Allocation:
             continue
-        cur += e.nbytes()
-        peak = max(peak, cur)
+        f = node.extra_fields
+        if f.device.type != "cpu":  # CUDA blocks are the CUDA allocator's job (peak_memory)
+            continue
+        events.append((node.start_time_ns, 0 if f.alloc_size < 0 else 1, f.ptr, f.alloc_size))
+    events.sort()
+    live: dict[int, int] = {}
+    cur = peak = 0
+    for _, _, ptr, nbytes in events:
+        if nbytes > 0:
+            cur += nbytes - live.get(ptr, 0)  # an address allocated twice without a free seen: count it once
+            live[ptr] = nbytes
+            peak = max(peak, cur)
+        elif ptr in live:
+            cur -= live.pop(ptr)
     return peak
 
 

@@ -1,12 +1,15 @@
-"""Peak CPU memory of a callable from the allocator's own events, without starting the Kineto profiler.
+"""Peak memory of a callable, measured without torch's C++ log lines on the terminal.
 
-``clock.cpu_tracked_peak_bytes`` replays the ``[memory]`` events of ``torch.profiler`` - which starts
-Kineto, and Kineto prints ``USDT: profiler_start/stop`` pairs and, on a CUDA build without a driver,
-``ERROR: gpuGetDeviceCount failed`` on every run. The allocator reports the same events (c10's
-``ProfiledCPUMemoryReporter``: every CPU allocation and free made through PyTorch, in order) to torch's
-CPU-only profiler state, which involves no Kineto at all; ``quiet_peak_memory`` replays those. Same method, same
-numbers (``method="cpu_tracked"``), nothing on the terminal. Where this torch lacks the CPU-only profiler state,
-it falls back to ``clock.peak_memory`` with the known harmless lines filtered (``quiet.filtered_stderr``).
+``clock.peak_memory`` on the CPU replays the allocation events of ``torch.profiler``, which starts Kineto, and
+Kineto prints ``USDT: profiler_start/stop`` pairs and, on a CUDA build without a driver,
+``ERROR: gpuGetDeviceCount failed`` on every run; the allocator adds "Memory block of unknown size" for tensors
+from before the measurement. ``quiet_peak_memory`` is the same measurement with exactly those lines dropped
+(``quiet.filtered_stderr``): same method, same numbers, nothing alarming on the terminal.
+
+An earlier version read the events of torch's CPU-only legacy profiler to avoid starting Kineto. Those events
+carry no block address, so a free could not be paired with its allocation, and the free of a block allocated
+during an earlier measurement subtracted bytes the current one never added (``clock.cpu_tracked_peak_bytes``
+explains it): the peaks of ``ptt tune``'s candidates, measured one after another, could read low.
 
 Example:
     >>> r = quiet_peak_memory(lambda: torch.ones(1024, 256).sum())  # 1 MiB of fp32 at once
@@ -24,49 +27,13 @@ import torch
 from pytorchtricks.clock import MemoryResult, peak_memory
 from pytorchtricks.quiet import filtered_stderr
 
-__all__ = ["cpu_alloc_peak_bytes", "quiet_peak_memory"]
-
-
-def cpu_alloc_peak_bytes(fn: Callable[[], Any]) -> int | None:
-    """Peak of live CPU bytes allocated inside ``fn`` (allocator events replayed in order), or None when this
-    torch has no CPU-only profiler state to collect them with."""
-    try:
-        from torch._C._profiler import _ExperimentalConfig
-        from torch.autograd import (  # type: ignore[attr-defined]
-            ProfilerConfig,
-            ProfilerState,
-            _disable_profiler_legacy,
-            _enable_profiler_legacy,
-        )
-    except ImportError:
-        return None
-    # state CPU, record_shapes, profile_memory, with_stack, with_flops, with_modules
-    config = ProfilerConfig(ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig())
-    with filtered_stderr():  # a free of a block allocated before the start is reported as "unknown size"
-        _enable_profiler_legacy(config)
-        try:
-            fn()
-        finally:
-            per_thread = _disable_profiler_legacy()
-    events = sorted(
-        (e.start_us(), t, i, e.cpu_memory_usage())  # type: ignore[attr-defined]
-        for t, thread in enumerate(per_thread)
-        for i, e in enumerate(thread)
-        if e.kind() == "memory_alloc"
-    )
-    cur = peak = 0
-    for *_, nbytes in events:
-        cur += nbytes
-        peak = max(peak, cur)
-    return peak
+__all__ = ["quiet_peak_memory"]
 
 
 def quiet_peak_memory(fn: Callable[[], Any], device: torch.device | str | None = "cpu") -> MemoryResult:
-    """``clock.peak_memory`` without Kineto's terminal output: CPU peaks from ``cpu_alloc_peak_bytes``."""
-    dev = torch.device(device or "cpu")
-    if dev.type == "cpu":
-        peak = cpu_alloc_peak_bytes(fn)
-        if peak is not None:
-            return MemoryResult(peak, "cpu_tracked")
+    """``clock.peak_memory`` with torch's known harmless C++ log lines dropped from the terminal.
+
+    ``fn`` runs with file descriptor 2 redirected (``filtered_stderr``): do not start processes inside it.
+    """
     with filtered_stderr():
-        return peak_memory(fn, dev)
+        return peak_memory(fn, device)
