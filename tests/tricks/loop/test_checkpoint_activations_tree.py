@@ -13,7 +13,7 @@ from torch import nn
 
 import pytorchtricks as ptt
 from pytorchtricks.bench.alloc_events import quiet_peak_memory
-from pytorchtricks.tricks.loop._regions import apply
+from pytorchtricks.tricks.loop._regions import apply, channel_chain
 
 pytestmark = [pytest.mark.isa, pytest.mark.usefixtures("one_thread")]
 
@@ -246,3 +246,135 @@ def test_a_module_planned_inside_a_larger_step_spends_the_steps_headroom_on_reco
     inside = plan_choices(tree, 150 * mib, 0, None, headroom_bytes=150 * mib)[0]
     assert inside.regions == [("a..b", "full")]  # keeps 5: under the step's 150 its 150 recomputed is free
     assert inside.modeled_peak_bytes == 155 * mib
+
+
+def _frozen_bn(c: int) -> nn.Module:
+    tv = pytest.importorskip("torchvision")
+    bn = tv.ops.misc.FrozenBatchNorm2d(c)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return bn
+
+
+def _stem(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 24, 5, stride=2, padding=2, bias=kind == "bias")
+    norm = _frozen_bn(24) if kind == "frozen" else nn.BatchNorm2d(24, momentum=None)
+    acts = (
+        [nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        if kind != "leaky"
+        else [nn.LeakyReLU(0.1), nn.AvgPool2d(2)]
+    )
+    stem = nn.Sequential(conv, norm, *acts)
+    if kind == "eval":
+        with torch.no_grad():
+            norm.running_mean.uniform_(-1, 1)
+            norm.running_var.uniform_(0.5, 2)
+        norm.eval()
+    return stem
+
+
+@pytest.mark.parametrize("kind", ["train", "eval", "frozen", "bias", "leaky", "channels_last"])
+def test_channels_mode_is_the_untreated_step_bit_for_bit(kind: str) -> None:
+    """A convolution on the image and per-channel modules after it, checkpointed channel slice by channel slice:
+    outputs, every gradient and the BatchNorm statistics equal the untreated ones exactly (torch.equal), with
+    the convolution run once more in backward, as a full checkpoint does (channels_last: a full checkpoint)."""
+    ref = _stem(kind)
+    if kind == "channels_last":
+        ref = ref.to(memory_format=torch.channels_last)
+    m = nn.Sequential(copy.deepcopy(ref))
+    apply(m, [(("0",), "channels")])
+    x = torch.randn(6, 3, 40, 36) * 2 + 0.5
+    if kind == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    gy = None
+    for step in range(2):  # twice: the statistics' second update starts from the first one's result
+        a, b = ref(x), m(x)
+        assert torch.equal(a, b)
+        gy = torch.randn_like(a) if gy is None else gy * -0.5
+        a.backward(gy)
+        counter = _ConvCounter()
+        with counter:
+            b.backward(gy)
+        assert counter.convs == 1, step  # the convolution's output recomputed once, whole
+    for (name, p), q in zip(ref.named_parameters(), m[0].parameters()):
+        assert torch.equal(q.grad, p.grad), name
+    for (k, v), w in zip(ref.state_dict().items(), m[0].state_dict().values()):
+        assert torch.equal(w, v), k
+
+
+def test_channels_mode_holds_one_channel_slice_at_a_time_in_backward() -> None:
+    """The backward of a ResNet-sized stem under ``channels`` brings back the convolution's output and one slice,
+    where a full checkpoint brings back every activation of the stem at once."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(
+        nn.Conv2d(3, 32, 7, 2, 3, bias=False), nn.BatchNorm2d(32), nn.ReLU(True), nn.MaxPool2d(3, 2, 1)
+    )
+    x = torch.randn(8, 3, 96, 96)
+    z = 8 * 32 * 48 * 48 * 4  # the convolution's output, bytes
+    peaks = {}
+    for mode in ("full", "channels"):
+        m = nn.Sequential(copy.deepcopy(ref))
+        apply(m, [(("0",), mode)])
+        out = m(x)
+        g = torch.ones_like(out)
+        peaks[mode] = quiet_peak_memory(lambda m=m, out=out, g=g: out.backward(g)).peak_bytes
+    # full: the conv output, the BN output (ReLU in place), the pool's indices, their gradients, all at once
+    assert peaks["full"] >= 3 * z, peaks
+    # channels: the conv output (reused for its own gradient), one slice, the weight gradient's workspace; at
+    # least the BN output and one gradient buffer fewer
+    assert peaks["channels"] <= peaks["full"] - 1.5 * z, peaks
+
+
+@pytest.mark.parametrize(
+    ("modules", "why"),
+    [
+        ([nn.Conv2d(3, 8, 3, groups=1), nn.Dropout(0.1)], "dropout draws random numbers per element"),
+        (
+            [nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU()],
+            "exp: a slice may round otherwise than the whole",
+        ),
+        ([nn.Conv2d(4, 8, 3, groups=2), nn.ReLU()], "a grouped convolution"),
+        ([nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1)], "a second convolution mixes channels"),
+        ([nn.BatchNorm2d(3), nn.ReLU()], "no convolution first"),
+        ([nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU()], "padding given as a string"),
+    ],
+)
+def test_channel_chain_refuses_what_a_channel_slice_would_change(modules: list[nn.Module], why: str) -> None:
+    assert channel_chain(modules) is None, why
+    assert channel_chain([nn.Sequential(nn.Conv2d(3, 8, 3), nn.Sequential(nn.BatchNorm2d(8), nn.ReLU()))])
+
+
+def test_channels_mode_falls_back_to_a_full_checkpoint_when_its_input_needs_a_gradient() -> None:
+    ref = _stem("train")
+    m = nn.Sequential(copy.deepcopy(ref))
+    apply(m, [(("0",), "channels")])
+    xa = (torch.randn(4, 3, 24, 24)).requires_grad_()
+    xb = xa.detach().clone().requires_grad_()
+    ref(xa).square().sum().backward()
+    m(xb).square().sum().backward()
+    assert torch.equal(xa.grad, xb.grad)
+    for p, q in zip(ref.parameters(), m[0].parameters()):
+        assert torch.equal(q.grad, p.grad)
+
+
+def test_resnet18_at_half_its_activation_peak_exactly() -> None:
+    """torchvision ResNet-18, BatchNorm in train mode, budget 50%: the stem is planned channel slice by channel
+    slice (its backward held the step's peak), the measured peak fits and the update equals the untreated one."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    ref = tv.models.resnet18(num_classes=10)
+    x = torch.randn(16, 3, 96, 96)  # (the lowest measured peak: 36% here, 39% at batch 64 and 128 px)
+    m = ptt.checkpoint_activations_(copy.deepcopy(ref), budget=0.5, example_inputs=x)
+    plan = ptt.checkpoint_plan(m)
+    assert plan.measured_peak_bytes <= 0.5 * plan.untreated_peak_bytes, plan.table()
+    assert ("conv1..maxpool", "channels") in [(n, mode) for n, mode, *_ in plan.regions], plan.table()
+    for model in (ref, m):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        torch.nn.functional.cross_entropy(model(x), torch.arange(16) % 10).backward()
+        opt.step()
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        assert torch.equal(b, a), k

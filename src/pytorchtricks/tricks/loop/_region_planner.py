@@ -1,9 +1,11 @@
 """The region planner: which regions of a module tree to recompute, and how, from measured per-region costs.
 
 A *region* is a submodule or a run of consecutive sibling submodules whose outputs feed only the next one (the
-stem of a ResNet: conv1 -> bn1 -> relu -> maxpool). Each region can be left alone or checkpointed in one of two
-modes: ``full`` (keep the region's inputs, recompute everything in backward) or ``selective`` (keep the inputs and
-the outputs of convolutions and matmuls, recompute the cheap ops between them). Every region comes with measured
+stem of a ResNet: conv1 -> bn1 -> relu -> maxpool). Each region can be left alone or checkpointed in one of three
+modes: ``full`` (keep the region's inputs, recompute everything in backward), ``selective`` (keep the inputs and
+the outputs of convolutions and matmuls, recompute the cheap ops between them) or, for a convolution on an input
+that needs no gradient followed by per-channel modules (a stem on the image), ``channels`` (a full checkpoint
+whose backward walks the channels in slices, so the region's activations never come back whole). Every region comes with measured
 costs for each mode: the bytes it frees from what forward keeps for backward, the bytes its recomputation brings
 back during its backward (``transient``), and the seconds its recomputation takes.
 
@@ -37,7 +39,7 @@ def _mib(n: int | None) -> str:
 class Option:
     """One way to checkpoint a region, with its measured costs."""
 
-    mode: str  # "full" or "selective"
+    mode: str  # "full", "selective" or "channels"
     freed_bytes: int
     transient_bytes: int
     recompute_s: float
