@@ -378,3 +378,21 @@ def test_resnet18_at_half_its_activation_peak_exactly() -> None:
         opt.step()
     for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
         assert torch.equal(b, a), k
+
+
+def test_channels_mode_under_autocast_is_the_untreated_autocast_step_bit_for_bit() -> None:
+    """Under CPU autocast (bf16) the recomputation runs under the forward's autocast too: the convolution in bf16,
+    its weight's gradient through the same cast - equal to the untreated autocast step."""
+    ref = _stem("train")
+    m = nn.Sequential(copy.deepcopy(ref))
+    apply(m, [(("0",), "channels")])
+    x = torch.randn(4, 3, 32, 32)
+    outs = []
+    for model in (ref, m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().square().mean().backward()
+        outs.append(out)
+    assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0], outs[1])
+    for (name, p), q in zip(ref.named_parameters(), m[0].parameters()):
+        assert torch.equal(q.grad, p.grad), name
