@@ -258,6 +258,10 @@ class CompareConfig:
     min_rounds: int = 3
     units_per_call: Mapping[str, int] | None = None
     single_call: Collection[str] = ()
+    settle: int = 0
+
+
+SETTLE_REL = 0.10  # two calls in a row within 10% of each other: the variant has reached its steady state
 
 
 def compare(
@@ -276,6 +280,7 @@ def compare(
     min_rounds: int = 3,
     units_per_call: Mapping[str, int] | None = None,
     single_call: Collection[str] = (),
+    settle: int = 0,
 ) -> Comparison:
     """Interleaved A/B(/C...) timing: every round times each variant once, in rotated order.
 
@@ -289,9 +294,27 @@ def compare(
     ``single_call``: variants timed by whole calls back to back for ``min_run_time_s`` (at least one), with no
     block-size estimate (a slow call, such as a training step through its loader, would pay it once more);
     with ``before_block`` they skip the warm-up calls too (their ``before_block`` warms them before every block).
+    ``settle``: after every variant's warm-up, up to this many more calls of each (not ``single_call`` ones) until
+    two calls in a row agree within 10%: a variant can stay slow for a few calls after the others first ran (a
+    ResNet-18 step at 3.1, 2.7, 1.4 then 1.0 s once ten other configurations had warmed up beside it), which a
+    fixed warm-up leaves inside the first timed blocks.
     ``config``: a ``CompareConfig`` holding these options instead of the keywords (not both).
     """
     return _compare(variants, config_or_keywords(config, CompareConfig, locals()))
+
+
+def _settle(fn: Callable[[], Any], device: torch.device | str | None, most: int) -> None:
+    """Call ``fn`` until two calls in a row agree within ``SETTLE_REL`` (at most ``most`` calls)."""
+    last = None
+    for _ in range(most):
+        sync(device)
+        t = now_s()
+        fn()
+        sync(device)
+        took = now_s() - t
+        if last is not None and abs(took - last) <= SETTLE_REL * min(took, last):
+            return
+        last = took
 
 
 def _compare(variants: Mapping[str, Callable[[], Any]], cfg: CompareConfig) -> Comparison:
@@ -306,6 +329,9 @@ def _compare(variants: Mapping[str, Callable[[], Any]], cfg: CompareConfig) -> C
             continue  # warmed by its own before_block, before every block
         for _ in range(cfg.warmup):
             variants[name]()
+    for name in names_ if cfg.settle > 0 else ():
+        if name not in single_call:
+            _settle(variants[name], device, cfg.settle)
     sync(device)
     per_round: dict[str, list[float]] = {n: [] for n in names_}
     order_log: list[list[str]] = []

@@ -87,6 +87,32 @@ def test_compare_detects_a_real_difference() -> None:
     assert cmp["treated"].ratio_q1 <= cmp["treated"].ratio <= cmp["treated"].ratio_q3
 
 
+def test_compare_settle_keeps_a_slow_start_out_of_the_timed_rounds() -> None:
+    """A variant slow for its first calls (halving each call: allocator growth, primitive caches) is called until
+    two calls agree before the rounds start; without ``settle`` its first round times the slow calls."""
+    import time
+
+    def slow_start():
+        calls = iter([0.16, 0.08, 0.04, 0.02])
+
+        def fn() -> None:
+            time.sleep(next(calls, 0.005))
+
+        return fn
+
+    def first_round_s(settle: int) -> tuple[float, int]:
+        cmp = m.compare(
+            {"baseline": lambda: time.sleep(0.005), "treated": slow_start()},
+            rounds=3, min_run_time_s=0.001, warmup=1, settle=settle,
+        )  # fmt: skip
+        return cmp["treated"].stats.times_s[0], cmp["treated"].stats.n
+
+    settled, n = first_round_s(settle=6)
+    assert n == 3 and settled < 0.012  # the steady 5 ms (sleep overshoots by well under 7 ms)
+    unsettled, _ = first_round_s(settle=0)
+    assert unsettled >= 0.02  # the check can fail: the slow calls land in the first round
+
+
 def test_compare_rejects_missing_baseline() -> None:
     with pytest.raises(ValueError, match="baseline"):
         m.compare({"a": lambda: None})

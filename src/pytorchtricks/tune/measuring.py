@@ -165,6 +165,9 @@ def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, flo
     return quantiles([x / y for x, y in zip(a, b)])
 
 
+SETTLE_CALLS = (
+    4  # compare's settle: a variant's steady state reached within 4 more calls (3 seen on ResNet-18)
+)
 MIN_BLOCK_S = 0.25  # the shortest timed block worth having (one call of a slow step is always timed anyway)
 
 
@@ -239,6 +242,7 @@ def measure_variants(
             min_run_time_s=min_rt,
             device=w.device,
             warmup=1,
+            settle=SETTLE_CALLS,
             on_round=on_round,
             before_block=lambda n: _only_active(runners, n),
             budget_s=0.9 * budget_s,  # a wrong cost estimate ends the run early (>= 3 rounds), not late
