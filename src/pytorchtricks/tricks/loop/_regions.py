@@ -436,7 +436,8 @@ class _ChannelSplit(torch.autograd.Function):
     so that its backward never holds the region's activations whole.
 
     Forward runs the convolution whole and the per-channel modules one channel slice at a time (BatchNorm's
-    running statistics updated once, slice by slice) and keeps only the input. Backward recomputes the convolution's output whole (under the forward's autocast, if any), then walks its channels in
+    running statistics updated once, slice by slice) and keeps only the input. Backward recomputes the
+    convolution's output whole (under the forward's autocast, if any), then walks its channels in
     ``CHANNEL_CHUNKS`` slices: each slice through the per-channel modules again and back, its gradient written
     over the slice of the convolution's output it came from (that buffer becomes the gradient); the convolution's
     parameter gradients are then one backward of the recomputed convolution, as in the untreated step. Per
