@@ -85,13 +85,17 @@ def test_a_wrong_accumulation_fails_the_update_check(models_file, monkeypatch):
 
 
 def test_checkpoint_hook_is_exact_and_lowers_the_measured_peak(models_file):
-    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=16, input_size=32)
+    # the lowest-peak plan: plans of equal modeled peak come in the order of their measured seconds, and the
+    # selective ones measure above their model here (23 of 16.8 MB, untreated 20 MB): whichever come first, the
+    # planner measures on until one holds its model (this failed after an edit, when timings moved)
+    w = build_workload(f"{models_file}:chain", "synthetic", batch_size=16, input_size=64)
     c = check(w, ("checkpoint_activations",))
     assert c.passed, c.detail
     batches = stage_batches(w, 2)
     base, _, _, _ = measure_peak(w, (), batches)
-    ckpt, method, _, err = measure_peak(w, ("checkpoint_activations",), batches)
-    assert not err and method == "cpu_tracked" and ckpt < base
+    notes: list[str] = []
+    ckpt, method, _, err = measure_peak(w, ("checkpoint_activations",), batches, notes)
+    assert not err and method == "cpu_tracked" and ckpt < base, (base, ckpt, notes)
 
 
 def test_step_peak_counts_what_the_step_holds_between_steps(models_file):

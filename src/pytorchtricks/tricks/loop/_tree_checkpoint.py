@@ -190,6 +190,7 @@ def _record(plan: RegionPlan, tree: Tree, choice: Choice, peak: int) -> None:
 
 
 LOWEST_TRIES = 3  # plans measured when the lowest peak is asked for (the model of the peak ranks them)
+LOWEST_MAX = 8  # ... and more, one at a time, while the best measured is above its model by more than MARGIN
 
 
 def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
@@ -201,7 +202,8 @@ def _lowest_measured(
     model: nn.Module, tree: Tree, saved: int, excess: int, headroom: int, measure: Callable[[], int]
 ) -> tuple[Choice, int]:
     """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
-    plans = plan_choices(tree, saved, excess, None, headroom)[:LOWEST_TRIES]
+    pool = plan_choices(tree, saved, excess, None, headroom)
+    plans = pool[:LOWEST_TRIES]
     if (
         headroom
     ):  # and the module's own lowest-peak plans, judged by the step too: never worse than without it
@@ -212,6 +214,23 @@ def _lowest_measured(
     measured = []
     for c in plans:
         _apply(model, tree, c)
+        measured.append(measure())
+        unapply(model)
+    # plans of equal modeled peak are ranked by measured seconds, so which ones come first moves from run to run;
+    # where the model under-estimated them all (a selective region that keeps more than modeled: 23 MB measured
+    # for 16.8 MB modeled, above the untreated 20 MB), measure the next ones too
+    more = iter(pool[LOWEST_TRIES:LOWEST_MAX])
+    while True:
+        best = min(range(len(plans)), key=measured.__getitem__)
+        if measured[best] <= (1 + MARGIN) * plans[best].modeled_peak_bytes:
+            break
+        nxt = next(more, None)
+        if nxt is None:
+            break
+        if any(p.regions == nxt.regions for p in plans):
+            continue
+        _apply(model, tree, nxt)
+        plans.append(nxt)
         measured.append(measure())
         unapply(model)
     aim = headroom
