@@ -412,13 +412,9 @@ def _bn_slice(m: nn.BatchNorm2d, x: torch.Tensor, sl: slice, step: tuple[float, 
 
 
 def _chain_params(chain: list[nn.Module]) -> list[torch.Tensor]:
-    """The parameters autograd routes the chain's gradients to: the convolution's, the BatchNorms' affine ones."""
+    """The parameters autograd routes the per-channel modules' gradients to: the BatchNorms' affine ones."""
     return [
-        p
-        for m in chain
-        if isinstance(m, nn.Conv2d | nn.BatchNorm2d)
-        for p in (m.weight, m.bias)
-        if p is not None
+        p for m in chain[1:] if isinstance(m, nn.BatchNorm2d) for p in (m.weight, m.bias) if p is not None
     ]
 
 
@@ -431,26 +427,65 @@ def _autocast_now(device_type: str) -> list[tuple[str, torch.dtype]]:
     ]
 
 
-class _ChannelSplit(torch.autograd.Function):
-    """A convolution whose input needs no gradient (an image) and the per-channel modules after it, checkpointed
-    so that its backward never holds the region's activations whole.
-
-    Forward runs the convolution whole and the per-channel modules one channel slice at a time (BatchNorm's
-    running statistics updated once, slice by slice) and keeps only the input. Backward recomputes the
-    convolution's output whole (under the forward's autocast, if any), then walks its channels in
-    ``CHANNEL_CHUNKS`` slices: each slice through the per-channel modules again and back, its gradient written
-    over the slice of the convolution's output it came from (that buffer becomes the gradient); the convolution's
-    parameter gradients are then one backward of the recomputed convolution, as in the untreated step. Per
-    channel every op is the untreated one on the same values, so outputs and gradients are the untreated step's
-    bit for bit (tests compare them); what comes back at once is the convolution's output plus one slice of the
-    rest, not all of it (the ResNet stem alone at batch 8, 96 px: 4.8 MB instead of 9.4 MB)."""
+class _ChannelConv(torch.autograd.Function):
+    """The convolution of a ``channels`` region, keeping only its input (the image) and weight: its backward is
+    the untreated convolution's weight and bias gradient (``aten.convolution_backward``, what autograd runs for
+    ``F.conv2d``) from the output gradient ``_ChannelSplit`` hands it. A node of its own so that autograd has let
+    go of the region's incoming gradient before this backward's buffers (oneDNN's reordered copy of the output
+    gradient) are allocated."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, chain: list[nn.Module], *params: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, conv: nn.Conv2d, w: torch.Tensor, b: torch.Tensor | None) -> Any:
+        import torch.nn.functional as F
+
+        ctx.conv, ctx.has_bias = conv, b is not None
+        ctx.save_for_backward(x, w)
+        padding = cast(tuple[int, ...], conv.padding)  # channel_chain refuses string padding
+        return F.conv2d(x, w, b, conv.stride, padding, conv.dilation, conv.groups)
+
+    @staticmethod
+    def backward(ctx: Any, gz: torch.Tensor) -> Any:
+        x, w = ctx.saved_tensors
+        conv: nn.Conv2d = ctx.conv
+        need_w, need_b = ctx.needs_input_grad[2], ctx.has_bias and ctx.needs_input_grad[3]
+        if not (need_w or need_b):
+            return None, None, None, None
+        dt = (
+            gz.dtype
+        )  # autocast ran the forward's convolution in this dtype: its inputs cast as autocast does
+        _, gw, gb = torch.ops.aten.convolution_backward(
+            gz, x.to(dt), w.to(dt), [w.shape[0]] if ctx.has_bias else None, list(conv.stride),
+            list(cast(tuple[int, ...], conv.padding)), list(conv.dilation), False, [0] * len(conv.stride),
+            conv.groups, [False, need_w, need_b],
+        )  # fmt: skip
+        return (
+            None,
+            None,
+            gw.to(w.dtype) if need_w else None,
+            gb.to(w.dtype) if need_b else None,  # autocast's cast of the bias back, as of the weight
+        )
+
+
+class _ChannelSplit(torch.autograd.Function):
+    """The per-channel modules after a ``_ChannelConv`` (a convolution whose input needs no gradient: an image),
+    checkpointed so that their backward never holds the region's activations whole.
+
+    Forward runs them one channel slice of the convolution's output at a time (BatchNorm's running statistics
+    updated once, slice by slice) and keeps only the convolution's input. Backward recomputes the convolution's
+    output whole (under the forward's autocast, if any), then walks its channels in ``CHANNEL_CHUNKS`` slices:
+    each slice through the per-channel modules again and back, its gradient written over the slice of the
+    convolution's output it came from; that buffer is the gradient handed to ``_ChannelConv``. Per channel every
+    op is the untreated one on the same values, so outputs and gradients are the untreated step's bit for bit
+    (tests compare them); what comes back at once is the convolution's output plus one slice of the rest, not all
+    of it (the ResNet stem alone at batch 8, 96 px: 4.8 MB instead of 9.4 MB)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, z: torch.Tensor, x: torch.Tensor, chain: list[nn.Module], *params: torch.Tensor
+    ) -> Any:
         ctx.chain = chain
         ctx.autocast = _autocast_now(x.device.type)
         ctx.save_for_backward(x)
-        z = chain[0](x)
         steps = {id(m): _bn_step(m) for m in chain[1:] if isinstance(m, nn.BatchNorm2d)}  # counted once
         out: torch.Tensor | None = None
         for sl in _channel_slices(z.shape[1]):  # forward too holds one slice of the rest at a time
@@ -479,15 +514,13 @@ class _ChannelSplit(torch.autograd.Function):
         with contextlib.ExitStack() as amp:
             for device_type, dtype in ctx.autocast:
                 amp.enter_context(torch.autocast(device_type, dtype=dtype))
-            w = conv.weight.detach().requires_grad_(conv.weight.requires_grad)
-            b = None if conv.bias is None else conv.bias.detach().requires_grad_(conv.bias.requires_grad)
-            padding = cast(tuple[int, ...], conv.padding)  # channel_chain refuses string padding
-            with torch.enable_grad():  # the forward's convolution again: the same values
-                z = F.conv2d(x, w, b, conv.stride, padding, conv.dilation, conv.groups)
+            padding = cast(tuple[int, ...], conv.padding)
+            with torch.no_grad():  # the forward's convolution again: the same values
+                z = F.conv2d(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
             for sl in _channel_slices(z.shape[1]):
                 leaves: dict[int, torch.Tensor] = {}
                 with torch.enable_grad():
-                    zc = z[:, sl].detach().contiguous().requires_grad_()
+                    zc = z[:, sl].contiguous().requires_grad_()
                     out = zc
                     for m in tail:
                         out = _slice_forward(m, out, sl, leaves)
@@ -501,17 +534,9 @@ class _ChannelSplit(torch.autograd.Function):
                         shape = next(p for p in params if id(p) == pid).shape
                         full = grads[pid] = torch.zeros(shape, dtype=g.dtype, device=g.device)
                     full[sl] = g
-                with torch.no_grad():
-                    z[:, sl] = got[0]  # this slice of z is spent: it holds the slice's gradient from now on
+                z[:, sl] = got[0]  # this slice of z is spent: it holds the slice's gradient from now on
                 del zc, got, leaves
-        conv_leaves = [t for t in (w, b) if t is not None and t.requires_grad]
-        if conv_leaves:
-            got_conv = torch.autograd.grad(z, conv_leaves, z.detach())
-            for p, g in zip(
-                [p for p in (conv.weight, conv.bias) if p is not None and p.requires_grad], got_conv
-            ):
-                grads[id(p)] = g
-        return (None, None, *[grads[id(p)] if p.requires_grad else None for p in params])
+        return (z, None, None, *[grads[id(p)] if p.requires_grad else None for p in params])
 
 
 def _channel_split(modules: Sequence[nn.Module], fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -521,7 +546,9 @@ def _channel_split(modules: Sequence[nn.Module], fn: Any, *args: Any, **kwargs: 
     # channels_last: BatchNorm's kernel sums a channel across vector lanes laid out by the channel count, so a
     # slice of channels would sum in another order (measured: the weight gradient off by an ulp)
     if chain is not None and isinstance(x, torch.Tensor) and not x.requires_grad and x.is_contiguous():
-        return _ChannelSplit.apply(x, chain, *_chain_params(chain))
+        conv = cast(nn.Conv2d, chain[0])
+        z = _ChannelConv.apply(x, conv, conv.weight, conv.bias)
+        return _ChannelSplit.apply(z, x, chain, *_chain_params(chain))
     return run_checkpointed(fn, "full", modules, *args, **kwargs)
 
 
