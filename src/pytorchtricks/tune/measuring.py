@@ -165,9 +165,8 @@ def paired_ratio(cmp: Comparison, num: str, den: str) -> tuple[float, float, flo
     return quantiles([x / y for x, y in zip(a, b)])
 
 
-SETTLE_CALLS = (
-    4  # compare's settle: a variant's steady state reached within 4 more calls (3 seen on ResNet-18)
-)
+# compare's settle: a variant's steady state reached within 4 more calls (3 were needed on ResNet-18)
+SETTLE_CALLS = 4
 MIN_BLOCK_S = 0.25  # the shortest timed block worth having (one call of a slow step is always timed anyway)
 
 

@@ -5,8 +5,8 @@ stem of a ResNet: conv1 -> bn1 -> relu -> maxpool). Each region can be left alon
 modes: ``full`` (keep the region's inputs, recompute everything in backward), ``selective`` (keep the inputs and
 the outputs of convolutions and matmuls, recompute the cheap ops between them) or, for a convolution on an input
 that needs no gradient followed by per-channel modules (a stem on the image), ``channels`` (a full checkpoint
-whose backward walks the channels in slices, so the region's activations never come back whole). Every region comes with measured
-costs for each mode: the bytes it frees from what forward keeps for backward, the bytes its recomputation brings
+whose backward walks the channels in slices, so the region's activations never come back whole). Every region
+comes with measured costs for each mode: the bytes it frees from what forward keeps for backward, the bytes its recomputation brings
 back during its backward (``transient``), and the seconds its recomputation takes.
 
 Cost model (activation bytes of a training step): ``peak = saved - freed(plan) + max transient(plan) + excess``,

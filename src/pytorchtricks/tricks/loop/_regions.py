@@ -450,9 +450,8 @@ class _ChannelConv(torch.autograd.Function):
         need_w, need_b = ctx.needs_input_grad[2], ctx.has_bias and ctx.needs_input_grad[3]
         if not (need_w or need_b):
             return None, None, None, None
-        dt = (
-            gz.dtype
-        )  # autocast ran the forward's convolution in this dtype: its inputs cast as autocast does
+        # autocast ran the forward's convolution in gz's dtype: its inputs cast as autocast casts them
+        dt = gz.dtype
         _, gw, gb = torch.ops.aten.convolution_backward(
             gz, x.to(dt), w.to(dt), [w.shape[0]] if ctx.has_bias else None, list(conv.stride),
             list(cast(tuple[int, ...], conv.padding)), list(conv.dilation), False, [0] * len(conv.stride),
@@ -510,7 +509,7 @@ class _ChannelSplit(torch.autograd.Function):
         chain: list[nn.Module] = ctx.chain
         conv, tail = cast(nn.Conv2d, chain[0]), chain[1:]
         params = _chain_params(chain)
-        grads: dict[int, torch.Tensor | None] = {id(p): None for p in params}
+        grads: dict[int, torch.Tensor] = {}  # by parameter id, filled slice by slice
         with contextlib.ExitStack() as amp:
             for device_type, dtype in ctx.autocast:
                 amp.enter_context(torch.autocast(device_type, dtype=dtype))
@@ -524,19 +523,17 @@ class _ChannelSplit(torch.autograd.Function):
                     out = zc
                     for m in tail:
                         out = _slice_forward(m, out, sl, leaves)
-                    wanted = [zc, *[t for t in leaves.values() if t.requires_grad]]
-                    got = torch.autograd.grad(out, wanted, grad[:, sl].contiguous())
+                    pids = [k for k, t in leaves.items() if t.requires_grad]
+                    got = torch.autograd.grad(out, [zc, *(leaves[k] for k in pids)], grad[:, sl].contiguous())
                 del out
-                for t, g in zip(wanted[1:], got[1:]):
-                    pid = next(k for k, v in leaves.items() if v is t)
-                    full = grads[pid]
-                    if full is None:
+                for pid, g in zip(pids, got[1:]):
+                    if pid not in grads:
                         shape = next(p for p in params if id(p) == pid).shape
-                        full = grads[pid] = torch.zeros(shape, dtype=g.dtype, device=g.device)
-                    full[sl] = g
+                        grads[pid] = torch.zeros(shape, dtype=g.dtype, device=g.device)
+                    grads[pid][sl] = g
                 z[:, sl] = got[0]  # this slice of z is spent: it holds the slice's gradient from now on
                 del zc, got, leaves
-        return (z, None, None, *[grads[id(p)] if p.requires_grad else None for p in params])
+        return (z, None, None, *[grads.get(id(p)) for p in params])
 
 
 def _channel_split(modules: Sequence[nn.Module], fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -5,7 +5,8 @@ backward instead keeps only their inputs (Chen et al. 2016: O(sqrt N) memory for
 ``budget=`` (bytes of forward + backward activation peak, a share of the untreated peak, or "min") this plans over
 the whole module tree: submodules and runs of consecutive siblings (a ResNet's stem, from an fx trace of each
 parent), each recomputed fully or selectively (SAC policy: keep convolution/matmul/attention outputs, recompute
-BatchNorm, activations, elementwise ops, pooling), costs measured on the batch (saved-tensor hooks, per-op times),
+BatchNorm, activations, elementwise ops, pooling) or, for a stem (a convolution on the image, then BatchNorm,
+ReLU-like activations, pooling), channel slice by channel slice; costs measured on the batch (saved-tensor hooks, per-op times),
 the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
 Without it, the chain planner: segments of the longest ``nn.Sequential`` from measured per-block bytes (Chen's
 sqrt(N) rule generalised, or ``budget_bytes`` with the least recomputation). ``checkpoint_plan(model)`` reports
@@ -14,8 +15,8 @@ When: models whose activations, not weights, exhaust memory (deep nets, large ba
 Caveats: costs up to ~one extra forward of what is recomputed. Always ``use_reentrant=False``; RNG state is
 preserved so dropout masks match; BatchNorm layers inside a checkpoint run with batch statistics but do NOT update
 running stats or ``num_batches_tracked`` during recomputation (the plain recompute would update them twice). A
-module that modifies its own input in place is not a region. The floor is the backward of the largest layer (the
-stem of a CNN). Planning happens at the first training forward (a few forwards and forward+backwards, buffers and
+module that modifies its own input in place is not a region. The floor is the backward of the largest layer (a
+CNN's stem: its weight gradient needs the output's whole gradient). Planning happens at the first training forward (a few forwards and forward+backwards, buffers and
 RNG restored) unless ``example_inputs`` is given. A ModuleList chain is checkpointed block by block.
 See also: to_inplace_abn_, accumulate_gradients, estimate_memory, memory_breakdown, 节省显存 / 梯度检查点.
 """
@@ -312,7 +313,8 @@ def checkpoint_activations_(
 
     Two planners. ``budget=`` (or a model without a chain of >= 2 blocks) plans over the whole module tree:
     submodules, runs of consecutive siblings (a ResNet's stem) and, inside each, full or selective recomputation
-    (keep convolution and matmul outputs, recompute BatchNorm, activations, elementwise ops and pooling); costs
+    (keep convolution and matmul outputs, recompute BatchNorm, activations, elementwise ops and pooling) or, for
+    a convolution on the image followed by per-channel modules, recomputation one channel slice at a time; costs
     measured on the batch, the least recompute time whose measured forward + backward peak fits. The other
     arguments plan over one chain of blocks (segments of an ``nn.Sequential``).
 
