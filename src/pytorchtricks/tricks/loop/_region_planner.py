@@ -5,7 +5,10 @@ stem of a ResNet: conv1 -> bn1 -> relu -> maxpool). Each region can be left alon
 modes: ``full`` (keep the region's inputs, recompute everything in backward), ``selective`` (keep the inputs and
 the outputs of convolutions and matmuls, recompute the cheap ops between them) or, for a convolution on an input
 that needs no gradient followed by per-channel modules (a stem on the image), ``channels`` (a full checkpoint
-whose backward walks the channels in slices, so the region's activations never come back whole). Every region
+whose backward walks the channels in slices, so the region's activations never come back whole) or, for a
+module with runs of children inside it (a residual block's convolution -> BatchNorm pairs), ``nested`` (a full
+checkpoint whose recomputation checkpoints those runs again, so that what comes back at once is one run's
+activations, not the block's: one more forward of the runs for less memory). Every region
 comes with measured costs for each mode: the bytes it frees from what forward keeps for backward, the bytes its recomputation brings
 back during its backward (``transient``), and the seconds its recomputation takes.
 
@@ -39,10 +42,11 @@ def _mib(n: int | None) -> str:
 class Option:
     """One way to checkpoint a region, with its measured costs."""
 
-    mode: str  # "full", "selective" or "channels"
+    mode: str  # "full", "selective", "channels" or "nested"
     freed_bytes: int
     transient_bytes: int
     recompute_s: float
+    inner: tuple[tuple[str, ...], ...] = ()  # nested: the runs checkpointed again inside the recomputation
 
 
 @dataclass
@@ -219,7 +223,7 @@ def plan_choices(
             if k > GRID or not np.isfinite(table.vals[k]):
                 continue
         picked = table.pick(k)
-        choice = _choice(tree, picked, saved_bytes, excess_bytes, headroom_bytes)
+        choice = choice_of(tree, picked, saved_bytes, excess_bytes, headroom_bytes)
         found.setdefault(tuple(sorted(choice.regions)), choice)
     return sorted(found.values(), key=lambda c: _key(c, budget_bytes))
 
@@ -230,7 +234,9 @@ def _key(c: Choice, budget: int | None) -> tuple[float, float]:
     return (c.recompute_s, c.modeled_peak_bytes)
 
 
-def _choice(tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int, headroom: int = 0) -> Choice:
+def choice_of(
+    tree: Tree, picked: list[tuple[str, str]], saved: int, excess: int, headroom: int = 0
+) -> Choice:
     freed = transient = 0
     secs = 0.0
     by_name = {**tree.regions, **{r.name: r for r in tree.runs.values()}}

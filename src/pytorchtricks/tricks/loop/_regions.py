@@ -304,7 +304,42 @@ def build_tree(model: nn.Module, rec: _Record) -> Tree:
                             mods = [model.get_submodule(x) for x in members]
                             run.options = _costs(rec, members, rec.inputs[members[0]], conv_out(mods))
                         runs[members] = run
+    for region in regions.values():
+        nested = _nested_option(region, chains.get(region.members[0], []), runs, children)
+        if nested is not None:
+            region.options.append(nested)
     return Tree(children, chains, regions, runs)
+
+
+def _nested_option(
+    region: Region,
+    chains: list[list[str]],
+    runs: dict[tuple[str, ...], Region],
+    children: dict[str, list[str]],
+) -> Option | None:
+    """A module's ``nested`` option: its full checkpoint, with each chain of its children that is not all of them
+    checkpointed again inside the recomputation (a residual block's convolution -> BatchNorm pairs). Backward then
+    holds the block's recomputed activations less what those runs keep, plus one run's own at a time; the runs
+    are computed twice in all."""
+    full = next((o for o in region.options if o.mode == "full"), None)
+    if full is None or region.reason:
+        return None
+    inner = []
+    for chain in chains:
+        run = runs.get(tuple(chain))
+        if run is None or run.reason or len(chain) == len(children.get(region.members[0], [])):
+            continue
+        opt = next((o for o in run.options if o.mode == "full" and o.freed_bytes > 0), None)
+        if opt is not None:
+            inner.append((run.members, opt))
+    if not inner:
+        return None
+    kept = full.transient_bytes - sum(o.freed_bytes for _, o in inner)
+    transient = max(0, kept) + max(o.transient_bytes for _, o in inner)
+    if transient >= full.transient_bytes:
+        return None
+    secs = full.recompute_s + sum(o.recompute_s for _, o in inner)
+    return Option("nested", full.freed_bytes, transient, secs, tuple(m for m, _ in inner))
 
 
 # ------------------------------------------------------------------------------------- the channel split
@@ -465,13 +500,65 @@ class _ChannelConv(torch.autograd.Function):
         )
 
 
+def _conv_args(conv: nn.Conv2d) -> tuple[Any, ...]:
+    return conv.stride, cast(tuple[int, ...], conv.padding), conv.dilation, conv.groups
+
+
+def _part_rows(n: int) -> int:
+    return max(2, -(-n // CHANNEL_CHUNKS))  # batch rows per part (one sample alone can take another kernel)
+
+
+_PARTS_EXACT: dict[tuple[Any, ...], bool] = {}  # per problem: parts of the batch give the whole's bits
+
+
+def parts_exact(z: torch.Tensor, x: torch.Tensor, conv: nn.Conv2d) -> bool:
+    """Whether the convolution of ``x`` computed ``_part_rows`` samples at a time equals ``z`` (its output on the
+    whole batch) bit for bit: checked once per problem (shapes, dtypes, device, convolution), part by part, on
+    the forward's own values. A convolution computes each sample's output from that sample alone, but the
+    library picks its kernel by the whole problem, batch size included (one sample alone measured 1 ulp off),
+    so the check is a measurement, not an assumption."""
+    import torch.nn.functional as F
+
+    key = (tuple(x.shape), x.dtype, z.dtype, x.device, tuple(conv.weight.shape), _conv_args(conv))
+    if key not in _PARTS_EXACT:
+        step = _part_rows(x.shape[0])
+        with torch.no_grad():
+            _PARTS_EXACT[key] = step < x.shape[0] and all(
+                torch.equal(
+                    F.conv2d(x[i : i + step], conv.weight, conv.bias, *_conv_args(conv)), z[i : i + step]
+                )
+                for i in range(0, x.shape[0], step)
+            )
+    return _PARTS_EXACT[key]
+
+
+def _conv_again(x: torch.Tensor, conv: nn.Conv2d, in_parts: bool) -> torch.Tensor:
+    """The forward's convolution output again; ``in_parts``: a few samples at a time into one buffer, so the
+    library's own workspace (oneDNN's blocked-layout output, as large as the output) is a part's, not the batch's."""
+    import torch.nn.functional as F
+
+    if not in_parts:
+        return F.conv2d(x, conv.weight, conv.bias, *_conv_args(conv))
+    step = _part_rows(x.shape[0])
+    z: torch.Tensor | None = None
+    for i in range(0, x.shape[0], step):
+        part = F.conv2d(x[i : i + step], conv.weight, conv.bias, *_conv_args(conv))
+        if z is None:
+            z = part.new_empty((x.shape[0], *part.shape[1:]))
+        z[i : i + step] = part
+        del part
+    assert z is not None
+    return z
+
+
 class _ChannelSplit(torch.autograd.Function):
     """The per-channel modules after a ``_ChannelConv`` (a convolution whose input needs no gradient: an image),
     checkpointed so that their backward never holds the region's activations whole.
 
     Forward runs them one channel slice of the convolution's output at a time (BatchNorm's running statistics
     updated once, slice by slice) and keeps only the convolution's input. Backward recomputes the convolution's
-    output whole (under the forward's autocast, if any), then walks its channels in ``CHANNEL_CHUNKS`` slices:
+    output (under the forward's autocast, if any; a few samples at a time where ``parts_exact`` measured that
+    to give the same bits, so the library's workspace is a part's), then walks its channels in ``CHANNEL_CHUNKS`` slices:
     each slice through the per-channel modules again and back, its gradient written over the slice of the
     convolution's output it came from; that buffer is the gradient handed to ``_ChannelConv``. Per channel every
     op is the untreated one on the same values, so outputs and gradients are the untreated step's bit for bit
@@ -484,6 +571,7 @@ class _ChannelSplit(torch.autograd.Function):
     ) -> Any:
         ctx.chain = chain
         ctx.autocast = _autocast_now(x.device.type)
+        ctx.in_parts = parts_exact(z, x, cast(nn.Conv2d, chain[0]))
         ctx.save_for_backward(x)
         steps = {id(m): _bn_step(m) for m in chain[1:] if isinstance(m, nn.BatchNorm2d)}  # counted once
         out: torch.Tensor | None = None
@@ -503,8 +591,6 @@ class _ChannelSplit(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        import torch.nn.functional as F
-
         (x,) = ctx.saved_tensors
         chain: list[nn.Module] = ctx.chain
         conv, tail = cast(nn.Conv2d, chain[0]), chain[1:]
@@ -513,9 +599,8 @@ class _ChannelSplit(torch.autograd.Function):
         with contextlib.ExitStack() as amp:
             for device_type, dtype in ctx.autocast:
                 amp.enter_context(torch.autocast(device_type, dtype=dtype))
-            padding = cast(tuple[int, ...], conv.padding)
             with torch.no_grad():  # the forward's convolution again: the same values
-                z = F.conv2d(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+                z = _conv_again(x, conv, ctx.in_parts)
             for sl in _channel_slices(z.shape[1]):
                 leaves: dict[int, torch.Tensor] = {}
                 with torch.enable_grad():
@@ -642,18 +727,15 @@ def _traced_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def apply(model: nn.Module, plan: list[tuple[tuple[str, ...], str]]) -> None:
-    """Checkpoint each ``(members, mode)`` of ``plan`` in place: a module's forward is wrapped; a run of siblings
-    is cut out of its parent's traced forward and called as one checkpoint."""
+    """Checkpoint each ``(members, mode)`` of ``plan`` in place: a run of siblings is cut out of its parent's
+    traced forward and called as one checkpoint; a module's forward is wrapped - after its runs, so a module
+    whose runs are in the plan too is checkpointed around them (``nested``: they checkpoint again inside its
+    recomputation)."""
     import torch.fx as fx
 
     by_parent: dict[str, list[tuple[tuple[str, ...], str]]] = defaultdict(list)
     for members, mode in plan:
-        if len(members) == 1:
-            m = model.get_submodule(members[0])
-            m.__dict__["_ptt_region"] = (m.forward, mode)
-            m.__dict__["_ptt_saved_forward"] = m.__dict__.get("forward")
-            m.forward = types.MethodType(_module_forward, m)  # type: ignore[method-assign]
-        else:
+        if len(members) > 1:
             by_parent[members[0].rpartition(".")[0]].append((members, mode))
     for path, runs in by_parent.items():
         parent = model.get_submodule(path)
@@ -673,19 +755,25 @@ def apply(model: nn.Module, plan: list[tuple[tuple[str, ...], str]]) -> None:
         gm.graph.lint()
         gm.recompile()
         parent.__dict__["_ptt_traced"] = (gm, parent.forward, parent.training)
-        parent.__dict__["_ptt_saved_forward"] = parent.__dict__.get("forward")
+        parent.__dict__["_ptt_traced_prev"] = parent.__dict__.get("forward")
         parent.forward = types.MethodType(_traced_forward, parent)  # type: ignore[method-assign]
+    for members, mode in plan:
+        if len(members) == 1:
+            m = model.get_submodule(members[0])
+            m.__dict__["_ptt_region"] = (m.forward, mode)
+            m.__dict__["_ptt_region_prev"] = m.__dict__.get("forward")
+            m.forward = types.MethodType(_module_forward, m)  # type: ignore[method-assign]
 
 
 def unapply(model: nn.Module) -> None:
-    """Undo ``apply``: every wrapped forward back as it was."""
+    """Undo ``apply``: every wrapped forward back as it was (a module's wrapper first, then its traced runs)."""
     for m in model.modules():
-        if "_ptt_saved_forward" not in m.__dict__:
-            continue
-        saved = m.__dict__.pop("_ptt_saved_forward")
-        m.__dict__.pop("_ptt_region", None)
-        m.__dict__.pop("_ptt_traced", None)
-        if saved is None:
-            m.__dict__.pop("forward", None)
-        else:
-            m.__dict__["forward"] = saved
+        for key, prev in (("_ptt_region", "_ptt_region_prev"), ("_ptt_traced", "_ptt_traced_prev")):
+            if key not in m.__dict__:
+                continue
+            del m.__dict__[key]
+            saved = m.__dict__.pop(prev)
+            if saved is None:
+                m.__dict__.pop("forward", None)
+            else:
+                m.__dict__["forward"] = saved

@@ -24,6 +24,7 @@ from pytorchtricks.tricks.loop._region_planner import (
     Choice,
     RegionPlan,
     Tree,
+    choice_of,
     plan_choices,
     plan_regions,
 )
@@ -195,7 +196,14 @@ LOWEST_MAX = 8  # ... and more, one at a time, while the best measured is above 
 
 def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
     named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
-    apply(model, [(named[n].members, mode) for n, mode in choice.regions])
+    plan: list[tuple[tuple[str, ...], str]] = []
+    for n, mode in choice.regions:
+        if mode == "nested":  # a full checkpoint around full checkpoints of its runs
+            opt = next(o for o in named[n].options if o.mode == mode)
+            plan += [(members, "full") for members in opt.inner]
+            mode = "full"
+        plan.append((named[n].members, mode))
+    apply(model, plan)
 
 
 def _lowest_measured(
@@ -248,9 +256,66 @@ def _lowest_measured(
         plans.append(nxt)
         measured.append(measure())
         unapply(model)
+    for _ in range(FINER_TRIES):  # the model ranks by the peak of the whole plan; measure finer regions too
+        best = min(range(len(plans)), key=measured.__getitem__)
+        picked = _finer(tree, plans[best].regions)
+        if picked is None or any(sorted(p.regions) == sorted(picked) for p in plans):
+            break
+        nxt = choice_of(tree, picked, saved, excess, headroom)
+        _apply(model, tree, nxt)
+        plans.append(nxt)
+        measured.append(measure())
+        unapply(model)
     i = min(range(len(plans)), key=measured.__getitem__)
-    _apply(model, tree, plans[i])
-    return plans[i], measured[i]
+    best_plan, best_peak = plans[i], measured[i]
+    tries = 0
+    for k in reversed(range(len(best_plan.regions))):  # nested only where it lowers the peak: each one put
+        name, mode = best_plan.regions[k]  # back to a plain full checkpoint, kept so if the peak stays
+        if mode != "nested" or tries == COARSER_TRIES:
+            continue
+        tries += 1
+        picked = [*best_plan.regions[:k], (name, "full"), *best_plan.regions[k + 1 :]]
+        nxt = choice_of(tree, picked, saved, excess, headroom)
+        _apply(model, tree, nxt)
+        got = measure()
+        unapply(model)
+        if got <= best_peak:
+            best_plan, best_peak = nxt, got
+    _apply(model, tree, best_plan)
+    return best_plan, best_peak
+
+
+FINER_TRIES = 2  # finer versions of the lowest measured plan, measured one after another
+COARSER_TRIES = 8  # nested regions of the lowest plan tried as full checkpoints again (less recomputation)
+
+
+def _finer(tree: Tree, regions: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+    """``regions`` with less recomputed at once: a full region that has a ``nested`` option nested; a full region
+    of modules with such blocks inside, those blocks nested (their other parts left alone). The cost model adds
+    every region's kept bytes to the largest recomputation, wherever in the backward it happens, so it cannot
+    see that a block's recomputation early in the forward runs beside little else; the measurement can. None:
+    nothing finer."""
+    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
+
+    def nested(name: str) -> bool:
+        r = tree.regions.get(name)
+        return r is not None and any(o.mode == "nested" for o in r.options)
+
+    def blocks(path: str) -> list[str]:
+        if nested(path):
+            return [path]
+        return [b for c in tree.children.get(path, []) for b in blocks(c)]
+
+    out: list[tuple[str, str]] = []
+    changed = False
+    for name, mode in regions:
+        inside = [b for m in named[name].members for b in blocks(m)] if mode == "full" else []
+        if inside:
+            out += [(b, "nested") for b in inside]
+            changed = True
+        else:
+            out.append((name, mode))
+    return out if changed else None
 
 
 def _pending_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
