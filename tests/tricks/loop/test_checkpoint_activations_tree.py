@@ -476,3 +476,56 @@ def test_nested_blocks_are_the_untreated_step_bit_for_bit_and_hold_less() -> Non
         unapply(m)
         assert all("forward" not in mod.__dict__ for mod in m.modules())  # every wrapper taken off
     assert peaks["nested"] < peaks["full"], peaks
+
+
+def test_the_lowest_peak_search_nests_big_blocks_and_lightens_within_the_target(monkeypatch) -> None:
+    """The measured search after the modeled lowest plan: ``_finer`` nests the blocks whose full recomputation is
+    at least half the largest one's (inside a full region of several), ``_lighter`` then takes back, one measured
+    step at a time, what does not lower the peak below the target - a nested block made full, a full one left
+    alone - and keeps every step whose measured peak stays within it. Measured peaks come from a table here."""
+    from pytorchtricks.tricks.loop import _tree_checkpoint as tc
+    from pytorchtricks.tricks.loop._region_planner import Option, Region, Tree
+
+    mib = 2**20
+
+    def block(name: str, transient: int) -> Region:
+        return Region(name, "s", (name,), 0, [
+            Option("full", 40 * mib, transient * mib, 0.04),
+            Option("nested", 40 * mib, transient * mib // 2, 0.08, ((f"{name}.c", f"{name}.b"),)),
+        ])  # fmt: skip
+
+    regions = {"s": Region("s", "", ("s",), 0, [Option("full", 200 * mib, 300 * mib, 0.2)])}
+    regions |= {n: block(n, t) for n, t in (("s.0", 64), ("s.1", 60), ("s.2", 20))}
+    tree = Tree({"": ["s"], "s": ["s.0", "s.1", "s.2"], "s.0": [], "s.1": [], "s.2": []}, {}, regions, {})
+    finer = tc._finer(tree, [("s", "full")])
+    assert finer == [("s.0", "nested"), ("s.1", "nested"), ("s.2", "full")]  # 20 < 64 / 2: left full
+
+    def peak_of(plan: list[tuple[str, str]]) -> int:  # s.0 must stay nested, s.1 be checkpointed, s.2 +2 MiB
+        got = dict(plan)
+        return (
+            100 + 30 * (got.get("s.0") != "nested") + 8 * ("s.1" not in got) + 2 * ("s.2" not in got)
+        ) * mib
+
+    applied: list[list[tuple[str, str]]] = []
+    monkeypatch.setattr(tc, "_apply", lambda model, tree, choice: applied.append(choice.regions))
+    monkeypatch.setattr(tc, "unapply", lambda model: None)
+    start = tc.choice_of(tree, finer, 300 * mib, 0)
+    for budget, want in (
+        (
+            None,
+            [("s.0", "nested"), ("s.1", "full"), ("s.2", "full")],
+        ),  # the same 100 MiB, s.1 no longer nested
+        (105 * mib, [("s.0", "nested"), ("s.1", "full")]),  # and s.2 left alone: 102 fits the budget
+    ):
+        applied.clear()
+        plan, peak = tc._lighter(
+            None,  # type: ignore[arg-type]
+            tree,
+            start,
+            peak_of(finer),
+            (300 * mib, 0, 0),
+            budget,
+            lambda: peak_of(applied[-1]),
+        )
+        assert (plan.regions, peak) == (want, peak_of(want))
+        assert len(applied) == 4  # every step measured once: s.1 full, s.2 alone, s.0 full, s.1 alone

@@ -124,7 +124,7 @@ def make_plan(
             choice = plan_regions(tree, saved, excess, target, headroom)
             lowest = choice is None or budget is None
             if lowest:  # the lowest peak, or a budget out of reach by the model: measure before saying so
-                choice, peak = _lowest_measured(model, tree, saved, excess, headroom, measure)
+                choice, peak = _lowest_measured(model, tree, saved, excess, headroom, measure, budget)
             else:
                 assert choice is not None
                 _apply(model, tree, choice)
@@ -207,9 +207,17 @@ def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
 
 
 def _lowest_measured(
-    model: nn.Module, tree: Tree, saved: int, excess: int, headroom: int, measure: Callable[[], int]
+    model: nn.Module,
+    tree: Tree,
+    saved: int,
+    excess: int,
+    headroom: int,
+    measure: Callable[[], int],
+    budget: int | None = None,
 ) -> tuple[Choice, int]:
-    """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak (applied)."""
+    """Of the ``LOWEST_TRIES`` plans with the lowest modeled peaks, the one with the lowest measured peak; then a
+    finer version of it (``_finer``: blocks nested) if that measures lower, and lighter ones (``_lighter``: less
+    recomputation within the peak, or within ``budget`` when one is given). Applied; every plan measured."""
     pool = plan_choices(tree, saved, excess, None, headroom)
     plans = pool[:LOWEST_TRIES]
     if (
@@ -267,55 +275,96 @@ def _lowest_measured(
         measured.append(measure())
         unapply(model)
     i = min(range(len(plans)), key=measured.__getitem__)
-    best_plan, best_peak = plans[i], measured[i]
-    tries = 0
-    for k in reversed(range(len(best_plan.regions))):  # nested only where it lowers the peak: each one put
-        name, mode = best_plan.regions[k]  # back to a plain full checkpoint, kept so if the peak stays
-        if mode != "nested" or tries == COARSER_TRIES:
-            continue
-        tries += 1
-        picked = [*best_plan.regions[:k], (name, "full"), *best_plan.regions[k + 1 :]]
-        nxt = choice_of(tree, picked, saved, excess, headroom)
-        _apply(model, tree, nxt)
-        got = measure()
-        unapply(model)
-        if got <= best_peak:
-            best_plan, best_peak = nxt, got
+    best_plan, best_peak = _lighter(
+        model, tree, plans[i], measured[i], (saved, excess, headroom), budget, measure
+    )
     _apply(model, tree, best_plan)
     return best_plan, best_peak
 
 
 FINER_TRIES = 2  # finer versions of the lowest measured plan, measured one after another
-COARSER_TRIES = 8  # nested regions of the lowest plan tried as full checkpoints again (less recomputation)
+LIGHTER_TRIES = (
+    8  # lighter versions of the lowest plan measured (a nested region full, a full one left alone)
+)
 
 
 def _finer(tree: Tree, regions: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
-    """``regions`` with less recomputed at once: a full region that has a ``nested`` option nested; a full region
-    of modules with such blocks inside, those blocks nested (their other parts left alone). The cost model adds
-    every region's kept bytes to the largest recomputation, wherever in the backward it happens, so it cannot
-    see that a block's recomputation early in the forward runs beside little else; the measurement can. None:
-    nothing finer."""
+    """``regions`` with less recomputed at once: the full regions that are, or hold, blocks with a ``nested``
+    option have those blocks nested - the blocks whose full recomputation is at least half the largest one's (the
+    other blocks of such a region checkpointed full, its other parts left alone). The cost model adds every
+    region's kept bytes to the largest recomputation, wherever in the backward it happens, so it cannot see that
+    a block's recomputation early in the forward runs beside little else; the measurement can. None: nothing
+    finer."""
     named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
 
-    def nested(name: str) -> bool:
-        r = tree.regions.get(name)
-        return r is not None and any(o.mode == "nested" for o in r.options)
+    def full(name: str) -> int:
+        return next(o.transient_bytes for o in named[name].options if o.mode == "full")
 
     def blocks(path: str) -> list[str]:
-        if nested(path):
+        if any(o.mode == "nested" for o in tree.regions[path or "<model>"].options):
             return [path]
         return [b for c in tree.children.get(path, []) for b in blocks(c)]
 
+    inside = {n: [b for m in named[n].members for b in blocks(m)] for n, mode in regions if mode == "full"}
+    sizes = [full(b) for bs in inside.values() for b in bs]
+    if not sizes:
+        return None
+    big = max(sizes) / 2
     out: list[tuple[str, str]] = []
-    changed = False
     for name, mode in regions:
-        inside = [b for m in named[name].members for b in blocks(m)] if mode == "full" else []
-        if inside:
-            out += [(b, "nested") for b in inside]
-            changed = True
+        bs = inside.get(name, [])
+        if any(full(b) >= big for b in bs):
+            out += [(b, "nested" if full(b) >= big else "full") for b in bs]
         else:
             out.append((name, mode))
-    return out if changed else None
+    return out
+
+
+def _lighter(
+    model: nn.Module,
+    tree: Tree,
+    plan: Choice,
+    peak: int,
+    sizes: tuple[int, int, int],
+    budget: int | None,
+    measure: Callable[[], int],
+) -> tuple[Choice, int]:
+    """Less recomputation for the same measured peak (or, with a budget, any peak within it): one region at a
+    time, a nested one made full or a full one left alone - the step that saves the most seconds per byte the
+    model says it adds first - each measured and kept where the peak stays at or under the target. Regions late
+    in the forward cost little at the peak: their backward runs first, beside little else."""
+    target = peak if budget is None else max(peak, budget)
+    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
+
+    def option(name: str, mode: str) -> Any:
+        return next(o for o in named[name].options if o.mode == mode)
+
+    tried: set[tuple[str, str]] = set()
+    for _ in range(LIGHTER_TRIES):
+        steps = []
+        for k, (name, mode) in enumerate(plan.regions):
+            if (name, mode) in tried or mode not in ("nested", "full"):
+                continue
+            o = option(name, mode)
+            if mode == "nested":
+                plain = option(name, "full")
+                saves, adds = o.recompute_s - plain.recompute_s, plain.transient_bytes - o.transient_bytes
+                regions = [*plan.regions[:k], (name, "full"), *plan.regions[k + 1 :]]
+            else:
+                saves, adds = o.recompute_s, o.freed_bytes
+                regions = [*plan.regions[:k], *plan.regions[k + 1 :]]
+            steps.append((saves / max(adds, 2**20), name, mode, regions))
+        if not steps:
+            break
+        _, name, mode, regions = max(steps, key=lambda s: s[0])
+        tried.add((name, mode))
+        nxt = choice_of(tree, regions, *sizes)
+        _apply(model, tree, nxt)
+        got = measure()
+        unapply(model)
+        if got <= target:
+            plan, peak = nxt, got
+    return plan, peak
 
 
 def _pending_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
