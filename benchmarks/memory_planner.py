@@ -1,7 +1,9 @@
 """Fit a model into an activation budget: ptt's module-tree planner vs uniform per-block checkpointing vs
 torch.compile's ``activation_memory_budget``, training steps on the CPU.
 
-For each model and each budget (70/50/30% of the untreated forward + backward activation peak):
+For each model and each budget (70/50/30% of the untreated forward + backward activation peak); ResNet-50 and
+ViT-B/16 also at sizes where the activations hold most of the step (b32 160 px, b16 224 px), where the whole step
+can come under half:
 - ``ptt``: ``ptt.checkpoint_activations_(model, budget=share)`` (regions, runs, selective recompute, measured);
 - ``uniform``: ``torch.utils.checkpoint`` around each of the model's blocks (ResNet blocks, ViT encoder blocks, the
   FPN body's blocks; BatchNorm statistics then update twice - the known trap - which moves neither memory nor
@@ -68,6 +70,18 @@ def _models(names: list[str]) -> dict[str, tuple[Callable[[], nn.Module], torch.
             lambda: torchvision.models.vit_b_16(weights=None, image_size=96),
             torch.randn(16, 3, 96, 96, generator=g),
             "b16 96px",
+        ),
+        # sizes where the activations, not the parameters, gradients and momentum, hold most of the step's peak
+        # (as on a GPU at training batch sizes): only there can checkpointing bring the whole step under half
+        "resnet50_b32": (
+            lambda: torchvision.models.resnet50(),
+            torch.randn(32, 3, 160, 160, generator=g),
+            "b32 160px",
+        ),
+        "vit_b_16_224": (
+            lambda: torchvision.models.vit_b_16(weights=None),
+            torch.randn(16, 3, 224, 224, generator=g),
+            "b16 224px",
         ),
         "resnet18_fpn": (
             lambda: resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5),
@@ -301,7 +315,7 @@ def _markdown(rows: list[dict], env: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet18,resnet50,vit_b_16,resnet18_fpn")
+    p.add_argument("--models", default="resnet18,resnet50,vit_b_16,resnet50_b32,vit_b_16_224,resnet18_fpn")
     p.add_argument("--budgets", default="0.7,0.5,0.3")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--no-compile", dest="compile", action="store_false")
