@@ -43,6 +43,7 @@ from pytorchtricks.hardware import cpu_caps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 2**20
+STEP_HALF = "step50"
 BLOCKS = ("BasicBlock", "Bottleneck", "EncoderBlock")
 
 
@@ -189,7 +190,10 @@ def run_model(name: str, make: Callable[[], nn.Module], x: torch.Tensor, size: s
         f"{name} {size}: activation peak {base_act / MiB:.0f} MiB, step peak {base_step / MiB:.0f} MiB",
         flush=True,
     )
-    for share in args.budgets:
+    held = 3 * sum(p.nbytes for p in base.parameters()) + x.nbytes  # parameters, gradients, momentum, input
+    for label in args.budgets:
+        # "step50": the activation budget that puts the whole step at half the untreated step's peak
+        share = (0.5 * base_step - held) / base_act if label == STEP_HALF else float(label)
         budget = int(share * base_act)
         variants: dict[str, nn.Module] = {}
         info: dict[str, dict] = {}
@@ -233,7 +237,7 @@ def run_model(name: str, make: Callable[[], nn.Module], x: torch.Tensor, size: s
             if k not in info:
                 continue
             row: dict[str, Any] = {
-                "kind": "memory_planner", "model": name, "size": size, "method": k, "budget_share": share,
+                "kind": "memory_planner", "model": name, "size": size, "method": k, "budget_share": share, "budget_label": label,
                 "budget_bytes": budget, "baseline_act_peak_bytes": base_act, "baseline_step_peak_bytes": base_step,
                 "baseline_median_s": base_med, **info[k],
             }  # fmt: skip
@@ -264,7 +268,8 @@ def run_model(name: str, make: Callable[[], nn.Module], x: torch.Tensor, size: s
 
 
 def _line(r: dict) -> str:
-    head = f"| {r['model']} ({r['size']}) | {r['budget_share']:.0%} | {r['method']} |"
+    half = " (half the step)" if r.get("budget_label") == STEP_HALF else ""
+    head = f"| {r['model']} ({r['size']}) | {r['budget_share']:.0%}{half} | {r['method']} |"
     if "act_peak_bytes" not in r:
         return head + f" - | - | - | - | - | {r.get('error', '')[:160]} |"
     return head + (
@@ -316,7 +321,11 @@ def _markdown(rows: list[dict], env: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet18,resnet50,vit_b_16,resnet50_b32,vit_b_16_224,resnet18_fpn")
-    p.add_argument("--budgets", default="0.7,0.5,0.3")
+    p.add_argument(
+        "--budgets",
+        default="0.7,0.5,0.3",
+        help=f"shares of the untreated activation peak; {STEP_HALF}: the share that leaves the whole step at half its peak",
+    )
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument(
@@ -326,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=os.path.join(HERE, "..", "results", cpu_caps().cpu_class))
     args = p.parse_args(argv)
-    args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.budgets = [b if b == STEP_HALF else str(float(b)) for b in args.budgets.split(",")]
     env = environment("cpu")
     rows: list[dict] = []
     stem = os.path.join(args.out, "memory_planner")
@@ -334,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(stem + ".jsonl", encoding="utf-8") as fh:
             old = [json.loads(line) for line in fh]
         redo = {(m, b) for m in args.models.split(",") for b in args.budgets}
-        rows = [r for r in old if (r.get("model"), r.get("budget_share")) not in redo]
+        rows = [
+            r for r in old if (r.get("model"), r.get("budget_label", str(r.get("budget_share")))) not in redo
+        ]
     for name, (make, x, size) in _models(args.models.split(",")).items():
         try:
             got = run_model(name, make, x, size, args)

@@ -6,7 +6,8 @@ backward instead keeps only their inputs (Chen et al. 2016: O(sqrt N) memory for
 the whole module tree: submodules and runs of consecutive siblings (a ResNet's stem, from an fx trace of each
 parent), each recomputed fully or selectively (SAC policy: keep convolution/matmul/attention outputs, recompute
 BatchNorm, activations, elementwise ops, pooling) or, for a stem (a convolution on the image, then BatchNorm,
-ReLU-like activations, pooling), channel slice by channel slice; costs measured on the batch (saved-tensor hooks, per-op times),
+ReLU-like activations, pooling), channel slice by channel slice, or, for a residual block, nested (its
+convolution -> BatchNorm runs checkpointed again inside its recomputation); costs measured on the batch (saved-tensor hooks, per-op times),
 the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
 Without it, the chain planner: segments of the longest ``nn.Sequential`` from measured per-block bytes (Chen's
 sqrt(N) rule generalised, or ``budget_bytes`` with the least recomputation). ``checkpoint_plan(model)`` reports
@@ -314,7 +315,8 @@ def checkpoint_activations_(
     Two planners. ``budget=`` (or a model without a chain of >= 2 blocks) plans over the whole module tree:
     submodules, runs of consecutive siblings (a ResNet's stem) and, inside each, full or selective recomputation
     (keep convolution and matmul outputs, recompute BatchNorm, activations, elementwise ops and pooling) or, for
-    a convolution on the image followed by per-channel modules, recomputation one channel slice at a time; costs
+    a convolution on the image followed by per-channel modules, recomputation one channel slice at a time, or
+    for a block with runs inside, those runs checkpointed again inside its recomputation (``nested``); costs
     measured on the batch, the least recompute time whose measured forward + backward peak fits. The other
     arguments plan over one chain of blocks (segments of an ``nn.Sequential``).
 
