@@ -283,9 +283,8 @@ def _lowest_measured(
 
 
 FINER_TRIES = 2  # finer versions of the lowest measured plan, measured one after another
-LIGHTER_TRIES = (
-    8  # lighter versions of the lowest plan measured (a nested region full, a full one left alone)
-)
+# lighter versions of the lowest plan measured (a nested region made full, a full one left alone)
+LIGHTER_TRIES = 8
 
 
 def _finer(tree: Tree, regions: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
