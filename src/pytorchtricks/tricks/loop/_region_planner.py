@@ -24,6 +24,7 @@ it frees); the cheapest cap wins.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,6 +74,15 @@ class Tree:
     chains: dict[str, list[list[str]]]  # module path -> maximal chains of children (call order)
     regions: dict[str, Region]  # by name; a module region is named by its path ("<model>" for the root)
     runs: dict[tuple[str, ...], Region]  # run regions by members
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, Region]:
+        """Every region by name: modules (their path, "<model>" for the root) and runs ("conv1..maxpool")."""
+        return {**self.regions, **{r.name: r for r in self.runs.values()}}
+
+    def option(self, name: str, mode: str) -> Option:
+        """The region ``name``'s option in ``mode``."""
+        return next(o for o in self.by_name[name].options if o.mode == mode)
 
 
 @dataclass
@@ -239,9 +249,8 @@ def choice_of(
 ) -> Choice:
     freed = transient = 0
     secs = 0.0
-    by_name = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
     for name, mode in picked:
-        opt = next(o for o in by_name[name].options if o.mode == mode)
+        opt = tree.option(name, mode)
         freed += opt.freed_bytes
         transient = max(transient, opt.transient_bytes)
         secs += opt.recompute_s

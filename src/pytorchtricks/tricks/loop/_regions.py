@@ -475,8 +475,7 @@ class _ChannelConv(torch.autograd.Function):
 
         ctx.conv, ctx.has_bias = conv, b is not None
         ctx.save_for_backward(x, w)
-        padding = cast(tuple[int, ...], conv.padding)  # channel_chain refuses string padding
-        return F.conv2d(x, w, b, conv.stride, padding, conv.dilation, conv.groups)
+        return F.conv2d(x, w, b, *_conv_args(conv))
 
     @staticmethod
     def backward(ctx: Any, gz: torch.Tensor) -> Any:
@@ -501,6 +500,7 @@ class _ChannelConv(torch.autograd.Function):
 
 
 def _conv_args(conv: nn.Conv2d) -> tuple[Any, ...]:
+    """``F.conv2d``'s stride, padding, dilation, groups (channel_chain refuses string padding)."""
     return conv.stride, cast(tuple[int, ...], conv.padding), conv.dilation, conv.groups
 
 

@@ -180,12 +180,10 @@ def _spend_slack(
 
 
 def _record(plan: RegionPlan, tree: Tree, choice: Choice, peak: int) -> None:
-    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
     plan.regions = [
-        (n, mode, next(o.freed_bytes for o in named[n].options if o.mode == mode),
-         next(o.recompute_s for o in named[n].options if o.mode == mode))
+        (n, mode, tree.option(n, mode).freed_bytes, tree.option(n, mode).recompute_s)
         for n, mode in choice.regions
-    ]  # fmt: skip
+    ]
     plan.planned_peak_bytes, plan.measured_peak_bytes = choice.modeled_peak_bytes, peak
     plan.recompute_s = choice.recompute_s
 
@@ -195,14 +193,12 @@ LOWEST_MAX = 8  # ... and more, one at a time, while the best measured is above 
 
 
 def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
-    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
     plan: list[tuple[tuple[str, ...], str]] = []
     for n, mode in choice.regions:
         if mode == "nested":  # a full checkpoint around full checkpoints of its runs
-            opt = next(o for o in named[n].options if o.mode == mode)
-            plan += [(members, "full") for members in opt.inner]
+            plan += [(members, "full") for members in tree.option(n, mode).inner]
             mode = "full"
-        plan.append((named[n].members, mode))
+        plan.append((tree.by_name[n].members, mode))
     apply(model, plan)
 
 
@@ -294,17 +290,18 @@ def _finer(tree: Tree, regions: list[tuple[str, str]]) -> list[tuple[str, str]] 
     region's kept bytes to the largest recomputation, wherever in the backward it happens, so it cannot see that
     a block's recomputation early in the forward runs beside little else; the measurement can. None: nothing
     finer."""
-    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
 
     def full(name: str) -> int:
-        return next(o.transient_bytes for o in named[name].options if o.mode == "full")
+        return tree.option(name, "full").transient_bytes
 
     def blocks(path: str) -> list[str]:
         if any(o.mode == "nested" for o in tree.regions[path or "<model>"].options):
             return [path]
         return [b for c in tree.children.get(path, []) for b in blocks(c)]
 
-    inside = {n: [b for m in named[n].members for b in blocks(m)] for n, mode in regions if mode == "full"}
+    inside = {
+        n: [b for m in tree.by_name[n].members for b in blocks(m)] for n, mode in regions if mode == "full"
+    }
     sizes = [full(b) for bs in inside.values() for b in bs]
     if not sizes:
         return None
@@ -333,20 +330,15 @@ def _lighter(
     model says it adds first - each measured and kept where the peak stays at or under the target. Regions late
     in the forward cost little at the peak: their backward runs first, beside little else."""
     target = peak if budget is None else max(peak, budget)
-    named = {**tree.regions, **{r.name: r for r in tree.runs.values()}}
-
-    def option(name: str, mode: str) -> Any:
-        return next(o for o in named[name].options if o.mode == mode)
-
     tried: set[tuple[str, str]] = set()
     for _ in range(LIGHTER_TRIES):
         steps = []
         for k, (name, mode) in enumerate(plan.regions):
             if (name, mode) in tried or mode not in ("nested", "full"):
                 continue
-            o = option(name, mode)
+            o = tree.option(name, mode)
             if mode == "nested":
-                plain = option(name, "full")
+                plain = tree.option(name, "full")
                 saves, adds = o.recompute_s - plain.recompute_s, plain.transient_bytes - o.transient_bytes
                 regions = [*plan.regions[:k], (name, "full"), *plan.regions[k + 1 :]]
             else:

@@ -7,8 +7,8 @@ the whole module tree: submodules and runs of consecutive siblings (a ResNet's s
 parent), each recomputed fully or selectively (SAC policy: keep convolution/matmul/attention outputs, recompute
 BatchNorm, activations, elementwise ops, pooling) or, for a stem (a convolution on the image, then BatchNorm,
 ReLU-like activations, pooling), channel slice by channel slice, or, for a residual block, nested (its
-convolution -> BatchNorm runs checkpointed again inside its recomputation); costs measured on the batch (saved-tensor hooks, per-op times),
-the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
+convolution -> BatchNorm runs checkpointed again inside its recomputation); costs measured on the batch
+(saved-tensor hooks, per-op times), the least recompute time that fits (a knapsack over the tree), the plan's peak measured and re-planned if above.
 Without it, the chain planner: segments of the longest ``nn.Sequential`` from measured per-block bytes (Chen's
 sqrt(N) rule generalised, or ``budget_bytes`` with the least recomputation). ``checkpoint_plan(model)`` reports
 planned vs measured bytes.
