@@ -52,6 +52,10 @@ SYSTEMS: dict[str, tuple[str, str]] = {
         "DALI CPU: readers.coco, decoders.image, bb_flip + flip, resize shorter 800 max 1333, pad",
     ),
     "floor": ("core", "decode floor: each photo decoded whole at the DCT scale of its 800/1333 output"),
+    "floor-planes": (
+        "core",
+        "decode floor, planar: each photo decoded whole at that DCT scale to its Y/Cb/Cr planes (no colour conversion)",
+    ),
     "tv-lsj": (
         "peers",
         "torchvision: CocoDetection + v2 ScaleJitter(1024) + RandomCrop(1024, pad) + flip, float32",
@@ -62,7 +66,10 @@ SYSTEMS: dict[str, tuple[str, str]] = {
         "decode floor for LSJ: each photo decoded whole at the DCT scale of its LSJ window",
     ),
 }
-BASELINES = {"ptt": ("tv-hflip", "tv-shortest", "dali-cpu", "floor"), "ptt-lsj": ("tv-lsj", "floor-lsj")}
+BASELINES = {
+    "ptt": ("tv-hflip", "tv-shortest", "dali-cpu", "floor", "floor-planes"),
+    "ptt-lsj": ("tv-lsj", "floor-lsj"),
+}
 
 
 def _now() -> float:
@@ -129,9 +136,10 @@ def _ptt(images: str, ann: str, recipe: str) -> Iterable[Any]:
 class _Floor:
     """Key = batch indices -> the count decoded: each photo whole at the DCT scale its geometry needs."""
 
-    def __init__(self, images: str, ann: str, recipe: str) -> None:
+    def __init__(self, images: str, ann: str, recipe: str, planes: bool = False) -> None:
         import pytorchtricks as ptt
 
+        self.planes = planes
         self.ds = ptt.DetectionDataset.from_coco(images, ann)
         self.recipe = (
             ptt.DetectionRecipe.shortest_side(SHORT, LONG)
@@ -145,19 +153,20 @@ class _Floor:
     def __getitem__(self, idx: list[int]) -> int:
         import numpy as np
 
-        from pytorchtricks.data.decode import decode_scaled, image_size
+        from pytorchtricks.data.decode import decode_planes, decode_scaled, image_size
 
         for i in idx:
             raw = self.ds.read(i)
             g = self.recipe.plan(image_size(raw), np.random.default_rng(i), SHORT, None)
-            decode_scaled(raw, g.dct_denom(), None)
+            if not self.planes or decode_planes(raw, g.dct_denom()) is None:
+                decode_scaled(raw, g.dct_denom(), None)
         return len(idx)
 
 
-def _floor(images: str, ann: str, recipe: str) -> Iterable[Any]:
+def _floor(images: str, ann: str, recipe: str, planes: bool = False) -> Iterable[Any]:
     import torch
 
-    ds = _Floor(images, ann, recipe)
+    ds = _Floor(images, ann, recipe, planes)
     sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(len(ds))), BATCH, False)
     return torch.utils.data.DataLoader(
         ds, batch_size=None, sampler=sampler, num_workers=WORKERS, persistent_workers=True
@@ -211,6 +220,7 @@ RUNNERS = {
     "ptt-lsj": lambda i, a: _ptt(i, a, "lsj"),
     "dali-cpu": _dali,
     "floor": lambda i, a: _floor(i, a, "shortest"),
+    "floor-planes": lambda i, a: _floor(i, a, "shortest", planes=True),
     "floor-lsj": lambda i, a: _floor(i, a, "lsj"),
 }
 

@@ -67,8 +67,17 @@ def _check(g, ours_img, ours_boxes, ours_labels, ref_img, ref_boxes, ref_labels,
     return _psnr(ours_img, ref)
 
 
+@pytest.mark.parametrize("planes", [True, False], ids=["planar-decode", "rgb-decode"])
 @pytest.mark.parametrize("min_size, max_size", [(300, 500), (480, 600), (200, None)])
-def test_shortest_side_and_flip_match_v2(photo_set, min_size, max_size):
+def test_shortest_side_and_flip_match_v2(photo_set, monkeypatch, min_size, max_size, planes):
+    """Both whole-image paths: the planar decode (``data.decode_yuv``, where libturbojpeg is installed) and the
+    decode to RGB."""
+    from pytorchtricks.data import decode_yuv, geometry
+
+    if planes and not decode_yuv.available():
+        pytest.skip("libturbojpeg not installed (make system-deps)")
+    if not planes:
+        monkeypatch.setattr(geometry, "decode_planes", lambda *a, **k: None)
     recipe = DetectionRecipe.shortest_side(min_size, max_size)
     for p in photo_set:
         for seed in SEEDS:

@@ -29,12 +29,13 @@ from pytorchtricks.shards.errors import DecodeError
 Box = tuple[int, int, int, int]  # (top, left, height, width) in original-image pixels
 BACKENDS: tuple[str, ...] = ("roi", "simplejpeg", "turbojpeg", "opencv", "pil-draft", "pil")
 # Per process (each DataLoader worker has its own): decodes, window decodes, fallbacks by reason, pixels decoded
-_STATS: dict[str, Any] = {"images": 0, "window": 0, "decoded_px": 0, "fallback": {}}
+_STATS: dict[str, Any] = {"images": 0, "window": 0, "planes": 0, "decoded_px": 0, "fallback": {}}
 
 
 def decode_stats() -> dict[str, Any]:
-    """What this process decoded so far: ``images``, ``window`` (decoded as a window), ``fallback`` (reason ->
-    count: ``progressive``, ``subsampling``, ``colour space``, ``corrupt``, ``unavailable``), ``decoded_px``
+    """What this process decoded so far: ``images``, ``window`` (decoded as a window), ``planes`` (decoded to
+    Y/Cb/Cr planes and resampled before the colour conversion: ``decode_planes``), ``fallback`` (reason ->
+    count: ``progressive``, ``subsampling``, ``colour space``, ``corrupt``, ``unavailable``, ``planes``), ``decoded_px``
     (pixels that left the IDCT: the window at its DCT scale, or the whole scaled image) - a copy.
 
     Example:
@@ -50,7 +51,7 @@ def decode_stats() -> dict[str, Any]:
 
 def reset_decode_stats() -> None:
     """Zero the counters of ``decode_stats``."""
-    _STATS.update(images=0, window=0, decoded_px=0, fallback={})
+    _STATS.update(images=0, window=0, planes=0, decoded_px=0, fallback={})
 
 
 def _count(px: int) -> None:
@@ -525,6 +526,40 @@ def decode_scaled(
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode image ({len(buf)} bytes) with {name}: {exc}") from exc
+
+
+def decode_planes(
+    data: bytes | memoryview | np.ndarray, denom: int, *, backend: str = "auto"
+) -> tuple[list[np.ndarray], int] | None:
+    """The whole JPEG on the 1/``denom`` DCT grid as its component planes, not converted to RGB:
+    ``(planes, subsampling)`` (``data.decode_yuv``: resample the planes, then ``decode_yuv.planes_to_rgb`` on the
+    output's pixels). None where that path does not apply - not a JPEG, a ``backend`` other than ``auto``, no
+    libturbojpeg, or a file TurboJPEG reports damaged - and the caller decodes to RGB (``decode_scaled``), which
+    reports a bad file as it always has.
+
+    Example:
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (640, 480)).save(buf, "JPEG")
+        >>> got = decode_planes(buf.getvalue(), 2)
+        >>> got is None or [p.shape for p in got[0]] == [(240, 320), (120, 160), (120, 160)]
+        True
+    """
+    from pytorchtricks.data import decode_yuv
+
+    buf = _as_buffer(data)
+    if denom not in (1, 2, 4, 8):
+        raise PttError(f"denom must be 1, 2, 4 or 8, got {denom}.")
+    if backend != "auto" or not is_jpeg(buf) or not decode_yuv.available():
+        return None
+    try:
+        planes, sub = decode_yuv.decode_planes(buf, denom)
+    except decode_yuv.YuvRefused:
+        _count_fallback("planes")  # the RGB decode that follows reports a damaged file
+        return None
+    _STATS["images"] += 1
+    _STATS["planes"] += 1
+    _count(planes[0].size)
+    return planes, sub
 
 
 def _whole_at_scale(buf: Any, denom: int, name: str) -> np.ndarray:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.data.decode import dct_scale, decode_scaled
+from pytorchtricks.data import decode_yuv
+from pytorchtricks.data.decode import dct_scale, decode_planes, decode_scaled
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class Geometry:
             return dst
         if isinstance(raw, np.ndarray) and raw.ndim == 3:  # decoded pixels (a RAM cache): no decode to scale
             px, top, left, denom = raw, 0, 0, 1
+        elif scaled_decode and self._warp_planes(raw, backend, dst, valid, fill):
+            return dst
         else:
             denom = self.dct_denom() if scaled_decode else 1
             px, top, left, denom = decode_scaled(raw, denom, valid, backend=backend)
@@ -211,11 +214,48 @@ class Geometry:
                 view[...] = out  # OpenCV made its own array after all (a size it rounded otherwise)
         else:  # no room for OpenCV's extra row/column in this slot
             dst[:oh, :ow] = cv2.resize(region, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)[:oh, :ow]
+        self._flip_and_pad(dst, fill)
+        return True
+
+    def _warp_planes(
+        self, raw: Any, backend: str, dst: np.ndarray, valid: tuple[float, float, float, float], fill: int
+    ) -> bool:
+        """The whole image resized (a window from the image's top-left corner, inside it: every shortest-side
+        plan): decode the JPEG's Y/Cb/Cr planes at the DCT scale, resample each plane to the output's size (a
+        chroma plane by the scale factors times its subsampling), then convert to RGB on the output's pixels
+        only, into ``dst`` (``data.decode_yuv``). False: not that case, or the planar decode declined (the RGB
+        path does it)."""
+        if valid != self.window or self.window[0] != 0 or self.window[1] != 0:
+            return False
+        denom = self.dct_denom()
+        ky, kx = self.scale_yx
+        fy, fx = ky * denom, kx * denom  # output pixels per decoded pixel, on every plane
+        if min(fy, fx) <= 0.5:  # bilinear would alias (see _resize_fast)
+            return False
+        got = decode_planes(raw, denom, backend=backend)
+        if got is None:
+            return False
+        planes, sub = got
+        oh, ow = self.out_hw
+        if len(planes) == 1:  # greyscale
+            decode_yuv.planes_to_rgb([_resample_plane(planes[0], fy, fx, (oh, ow))], sub, dst[:oh, :ow])
+        else:
+            ky, kx = decode_yuv.SUBSAMPLING[sub]
+            outs = [_resample_plane(planes[0], fy, fx, (oh, ow))]
+            outs += [_resample_plane(p, fy * ky, fx * kx, (oh, ow)) for p in planes[1:]]
+            decode_yuv.planes_to_rgb(outs, decode_yuv.TJSAMP_444, dst[:oh, :ow])
+        self._flip_and_pad(dst, fill)
+        return True
+
+    def _flip_and_pad(self, dst: np.ndarray, fill: int) -> None:
+        """Mirror the output in place when the plan flips; ``fill`` the slot past the output."""
+        import cv2
+
+        oh, ow = self.out_hw
         if self.flip:
             cv2.flip(dst[:oh, :ow], 1, dst=dst[:oh, :ow])  # in place: OpenCV swaps columns pairwise
         dst[oh:] = fill
         dst[:oh, ow:] = fill
-        return True
 
     def _fill_outside(self, dst: np.ndarray, valid: tuple[float, float, float, float], fill: int) -> None:
         """Set ``fill`` where an output pixel's centre lies outside the image (padding, zoom-out) or outside the
@@ -232,3 +272,26 @@ class Geometry:
         dst[y1:] = fill
         dst[:, :x0] = fill
         dst[:, x1:] = fill
+
+
+def _resample_plane(plane: np.ndarray, fy: float, fx: float, shape: tuple[int, int]) -> np.ndarray:
+    """``plane`` resampled bilinearly by ``fy`` x ``fx`` (output pixel ``i`` samples ``(i + 0.5) / f - 0.5``,
+    the image's edge clamping), cut to ``shape``: the rows and columns it reads, padded past the plane's edge
+    with copies of it where ``shape`` reaches further (the clamp, made explicit so OpenCV's output is large
+    enough), then ``cv2.resize`` with the exact factors."""
+    import cv2
+
+    oh, ow = shape
+    rh = math.floor((oh - 0.5) / fy - 0.5) + 2
+    rw = math.floor((ow - 0.5) / fx - 0.5) + 2
+    region = plane[:rh, :rw]
+    if region.shape[0] < rh or region.shape[1] < rw:
+        region = cv2.copyMakeBorder(
+            region, 0, rh - region.shape[0], 0, rw - region.shape[1], cv2.BORDER_REPLICATE
+        )
+    out = cv2.resize(region, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+    if out.shape[0] < oh or out.shape[1] < ow:  # OpenCV rounds its size: never under the rows asked for
+        raise PttError(
+            f"resample of a {plane.shape} plane by {fy:.4f} x {fx:.4f} gave {out.shape}, need {shape}"
+        )
+    return out[:oh, :ow]
