@@ -14,7 +14,9 @@ flip: Faster R-CNN's) and ``lsj`` (scale jitter to 1024 + 1024 crop/pad + flip).
 - ``dali-cpu``: DALI's CPU pipeline (``device_id=None``): COCO reader, decoder, ``bb_flip`` + flip, resize
   (shorter 800, max 1333), pad to a multiple of 32.
 - ``floor`` / ``floor-lsj``: the decode floor - each photo decoded whole at the DCT scale its output needs
-  (``data.decode.decode_scaled``), nothing else, in the same 2 workers.
+  (``data.decode.decode_scaled``: to RGB), nothing else, in the same 2 workers.
+- ``floor-planes``: the same decode to the JPEG's Y/Cb/Cr planes (``data.decode.decode_planes``: no chroma
+  upsampling, no colour conversion) - the cheaper decode ``ptt`` starts from for a whole-image resize.
 
 Every system reads the same images in its own child process (peers in ``.venv-peers``), batch 4, 2 workers (DALI:
 2 threads), 2 epochs; rounds run the systems in rotating order (interleaved). Ratios are per round (same round's
