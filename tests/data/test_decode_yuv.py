@@ -121,6 +121,25 @@ def test_a_damaged_file_is_reported_by_the_rgb_decode(photo_set):
     assert decode_stats()["planes"] == 0
 
 
+def test_an_rgb_colour_space_jpeg_keeps_the_rgb_decode(photo_set, monkeypatch):
+    """A JPEG stored as RGB (no YCbCr transform): its planes are R, G, B - converting them as Y/Cb/Cr would give
+    wrong colours, so the planar path declines it and the output is the RGB path's, bit for bit."""
+    from PIL import Image
+
+    p = photo_set[0]
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(p["jpeg"])).save(buf, "JPEG", quality=90, keep_rgb=True)
+    raw = buf.getvalue()
+    reset_decode_stats()
+    assert decode_planes(raw, 2) is None
+    assert decode_stats()["fallback"] == {"planes": 1}
+    g = DetectionRecipe.shortest_side(300, None).plan(p["hw"], np.random.default_rng(0), 300)
+    with monkeypatch.context() as m:
+        m.setattr(geometry, "decode_planes", lambda *a, **k: None)
+        expected = g.warp(raw)
+    np.testing.assert_array_equal(g.warp(raw), expected)
+
+
 def test_decode_planes_declines_what_it_does_not_read():
     from PIL import Image
 

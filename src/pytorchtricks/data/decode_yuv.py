@@ -34,6 +34,7 @@ import numpy as np
 
 TJPF_RGB = 0
 TJSAMP_444, TJSAMP_GRAY = 0, 3
+TJCS_YCBCR, TJCS_GRAY = 1, 2
 # TJSAMP code -> (rows, columns) of luma per chroma sample
 SUBSAMPLING = {0: (1, 1), 1: (1, 2), 2: (2, 2), 4: (2, 1), 5: (1, 4)}
 _LOCAL = threading.local()
@@ -126,8 +127,10 @@ def decode_planes(buf: Any, denom: int) -> tuple[list[np.ndarray], int]:
     w, h, sub, cs = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     if lib.tjDecompressHeader3(handle, _u8p(src), src.size, *(ctypes.byref(v) for v in (w, h, sub, cs))):
         raise YuvRefused(_error(lib, handle))
-    if sub.value < 0:
-        raise YuvRefused("unknown chroma subsampling")
+    if cs.value not in (TJCS_YCBCR, TJCS_GRAY):  # an RGB, CMYK or YCCK JPEG: its planes are not Y/Cb/Cr
+        raise YuvRefused(f"colour space {cs.value} is not YCbCr or grey")
+    if sub.value != TJSAMP_GRAY and sub.value not in SUBSAMPLING:
+        raise YuvRefused(f"chroma subsampling {sub.value} is not one this path maps")
     ws, hs = -(-w.value // denom), -(-h.value // denom)
     n = 1 if sub.value == TJSAMP_GRAY else 3
     planes = [

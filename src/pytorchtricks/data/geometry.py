@@ -240,9 +240,9 @@ class Geometry:
         if len(planes) == 1:  # greyscale
             decode_yuv.planes_to_rgb([_resample_plane(planes[0], fy, fx, (oh, ow))], sub, dst[:oh, :ow])
         else:
-            ky, kx = decode_yuv.SUBSAMPLING[sub]
+            sy, sx = decode_yuv.SUBSAMPLING[sub]  # luma pixels per chroma sample
             outs = [_resample_plane(planes[0], fy, fx, (oh, ow))]
-            outs += [_resample_plane(p, fy * ky, fx * kx, (oh, ow)) for p in planes[1:]]
+            outs += [_resample_plane(p, fy * sy, fx * sx, (oh, ow)) for p in planes[1:]]
             decode_yuv.planes_to_rgb(outs, decode_yuv.TJSAMP_444, dst[:oh, :ow])
         self._flip_and_pad(dst, fill)
         return True
