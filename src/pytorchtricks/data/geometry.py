@@ -200,8 +200,7 @@ class Geometry:
         oh, ow = self.out_hw
         # the decoded rows/columns the output reads: the last output row samples (oh - 0.5) / fy - 0.5 and the
         # row after it (the image's edge clamps); OpenCV's output is round(rows * fy) >= oh rows of which oh are kept
-        rh = math.floor((oh - 0.5) / fy - 0.5) + 2
-        rw = math.floor((ow - 0.5) / fx - 0.5) + 2
+        rh, rw = _rows_read(oh, fy), _rows_read(ow, fx)
         region = px[y0i : y0i + rh, x0i : x0i + rw]
         rh, rw = region.shape[:2]
         full = (round(rh * fy), round(rw * fx))  # OpenCV's own output size (cvRound) for these factors
@@ -237,13 +236,12 @@ class Geometry:
             return False
         planes, sub = got
         oh, ow = self.out_hw
-        if len(planes) == 1:  # greyscale
-            decode_yuv.planes_to_rgb([_resample_plane(planes[0], fy, fx, (oh, ow))], sub, dst[:oh, :ow])
-        else:
-            sy, sx = decode_yuv.SUBSAMPLING[sub]  # luma pixels per chroma sample
-            outs = [_resample_plane(planes[0], fy, fx, (oh, ow))]
-            outs += [_resample_plane(p, fy * sy, fx * sx, (oh, ow)) for p in planes[1:]]
-            decode_yuv.planes_to_rgb(outs, decode_yuv.TJSAMP_444, dst[:oh, :ow])
+        sy, sx = decode_yuv.SUBSAMPLING.get(
+            sub, (1, 1)
+        )  # luma pixels per chroma sample (greyscale: no chroma)
+        outs = [_resample_plane(planes[0], fy, fx, (oh, ow))]
+        outs += [_resample_plane(p, fy * sy, fx * sx, (oh, ow)) for p in planes[1:]]
+        decode_yuv.planes_to_rgb(outs, sub if len(planes) == 1 else decode_yuv.TJSAMP_444, dst[:oh, :ow])
         self._flip_and_pad(dst, fill)
         return True
 
@@ -274,6 +272,12 @@ class Geometry:
         dst[:, x1:] = fill
 
 
+def _rows_read(n_out: int, f: float) -> int:
+    """How many source rows (or columns) a bilinear resample by ``f`` reads for ``n_out`` output rows: the last
+    output row samples ``(n_out - 0.5) / f - 0.5`` and the row after it (the image's edge clamps)."""
+    return math.floor((n_out - 0.5) / f - 0.5) + 2
+
+
 def _resample_plane(plane: np.ndarray, fy: float, fx: float, shape: tuple[int, int]) -> np.ndarray:
     """``plane`` resampled bilinearly by ``fy`` x ``fx`` (output pixel ``i`` samples ``(i + 0.5) / f - 0.5``,
     the image's edge clamping), cut to ``shape``: the rows and columns it reads, padded past the plane's edge
@@ -282,8 +286,7 @@ def _resample_plane(plane: np.ndarray, fy: float, fx: float, shape: tuple[int, i
     import cv2
 
     oh, ow = shape
-    rh = math.floor((oh - 0.5) / fy - 0.5) + 2
-    rw = math.floor((ow - 0.5) / fx - 0.5) + 2
+    rh, rw = _rows_read(oh, fy), _rows_read(ow, fx)
     region = plane[:rh, :rw]
     if region.shape[0] < rh or region.shape[1] < rw:
         region = cv2.copyMakeBorder(
