@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from pytorchtricks.analysis.loader_shm import SHM_FIX, is_shm_failure
 from pytorchtricks.analysis.step_split import (
     STAGES,
     Recorder,
@@ -106,6 +107,14 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
         report.ended = f"the script ended after {rec.done} optimizer step(s)"
     except StopRun:
         report.ended = f"stopped after {rec.done} optimizer steps ({warmup} warm-up + {steps} measured)"
+    except Exception as exc:
+        if not is_shm_failure(exc):
+            raise
+        said = "; ".join(x["text"] for x in rec.shm.values() if x is not None and not x["fits"])
+        raise PttError(
+            f"the script's DataLoader ran out of shared memory (/dev/shm) after {rec.done} optimizer step(s): "
+            f"{exc}. {said or SHM_FIX}"
+        ) from exc
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise PttError(

@@ -21,6 +21,7 @@ import contextlib
 import linecache
 import os
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ from typing import Any
 import torch
 
 from pytorchtricks.analysis import verdict as judge
+from pytorchtricks.analysis.loader_shm import dataloader_shm
 from pytorchtricks.clock import CpuMeter, CpuUse, now_s
+from pytorchtricks.core import PttWarning
 
 __all__ = [
     "STAGES",
@@ -126,6 +129,7 @@ class Recorder:
         self.opt_start = 0.0
         self.records: list[dict[str, float]] = []
         self.loaders: dict[int, Any] = {} if dl is None else {id(dl): dl}
+        self.shm: dict[int, dict[str, Any] | None] = {}  # loader id -> /dev/shm against its batches in flight
         self.iters: dict[int, Any] = {}  # iterator id -> its loader
         self.models: dict[int, Any] = {} if model is None else {id(model): model}
         self.optimizers: dict[int, Any] = {} if optimizer is None else {id(optimizer): optimizer}
@@ -327,6 +331,10 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
     orig_iter = dl.DataLoader.__iter__
 
     def loader_iter(self: Any) -> Any:
+        if (rec.only_loader is None or self is rec.only_loader) and id(self) not in rec.shm:
+            rec.shm[id(self)] = shm = dataloader_shm(self)  # before its workers start: they may not
+            if shm is not None and not shm["fits"]:
+                warnings.warn(f"ptt: a DataLoader of this run: {shm['text']}.", PttWarning, stacklevel=2)
         it = orig_iter(self)
         if rec.only_loader is None or self is rec.only_loader:
             rec.loaders.setdefault(id(self), self)
@@ -599,6 +607,7 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
     report.steps = rec.records
     report.loaders = [loader_settings(x) for x in rec.loaders.values()]
     for settings, x in zip(report.loaders, rec.loaders.values(), strict=True):
+        settings["shm"] = rec.shm.get(id(x))
         ann = rec.annotations.get(id(inner_dataset(x.dataset)[0]))
         if ann is not None:
             settings["annotations"] = ann

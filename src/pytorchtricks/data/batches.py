@@ -5,17 +5,19 @@ Not a trick (leading underscore): make_loader's machinery, kept apart so the tri
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from pytorchtricks.core import PttError, PttWarning
 from pytorchtricks.data.images import SampleMaker, read_item, sample_rng
+from pytorchtricks.data.shm import HELD_BATCHES, ShmError, ShmPlan, plan_shm
 from pytorchtricks.shards.errors import DecodeError, ShardError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -37,10 +39,11 @@ def stack_batch(images: list[np.ndarray], labels: list[int]) -> Batch:
 
 
 class BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Key ``(epoch, indices)`` -> one whole batch; runs inside DataLoader workers."""
+    """Key ``(epoch, indices)`` -> one whole batch; runs inside DataLoader workers, where a fixed-size batch lands
+    in one of the worker's reused buffers (``slots``)."""
 
-    def __init__(self, dataset: Any, maker: SampleMaker, seed: int) -> None:
-        self.dataset, self.maker, self.seed = dataset, maker, seed
+    def __init__(self, dataset: Any, maker: SampleMaker, seed: int, slots: BatchSlots | None = None) -> None:
+        self.dataset, self.maker, self.seed, self.slots = dataset, maker, seed, slots
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -56,7 +59,8 @@ class BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     images.append(self.maker(got[0], sample_rng(self.seed, epoch, i)))
                     labels.append(got[1])
             return stack_batch(images, labels)
-        out = batch_buffer((len(idx), *self.maker.crop, 3))
+        shape = (len(idx), *self.maker.crop, 3)
+        out, slot = self.slots.acquire(shape) if self.slots is not None else (batch_buffer(shape), -1)
         buf = out.numpy()
         labels = []
         for i in idx:
@@ -69,7 +73,7 @@ class BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
                 self._skip_or_raise(exc)
                 continue
             labels.append(got[1])
-        return out[: len(labels)].permute(0, 3, 1, 2), torch.tensor(labels, dtype=torch.int64)
+        return wire_batch(out, labels, self.slots, slot)
 
     def _read(self, i: int) -> tuple[Any, int] | None:
         try:
@@ -91,15 +95,65 @@ def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
     numel = int(np.prod(shape))
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
+    try:
+        storage = torch.UntypedStorage._new_shared(numel)  # what default_collate does for the same reason
+    except RuntimeError as exc:  # /dev/shm is full: torch's own words do not say what to change
+        raise ShmError(
+            f"a loader worker could not allocate a {numel / 2**20:.0f} MiB batch in shared memory ({exc}). "
+            "The loop holds more batches than the loader keeps buffers for, or /dev/shm filled up after the "
+            "loader was made: let go of batches you are done with, or give /dev/shm room (docker run "
+            "--shm-size=...), or use fewer workers."
+        ) from None
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 _SLOT_FLAGS: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
+_MEMFILES: weakref.WeakValueDictionary[str, _MemFile] = weakref.WeakValueDictionary()
+
+
+class _MemFile:
+    """An anonymous memory file (``memfd_create``) made by the main process before its workers start: the
+    workers write batches into it, the main process maps the same pages and reads them without a copy. A
+    worker forked from the main process holds its descriptor already; a spawned one opens it through
+    ``/proc/<pid>/fd``. Its memory counts like ``/dev/shm``'s, outside that mount's size limit."""
+
+    def __init__(self, name: str, nbytes: int) -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, nbytes)  # sparse: a page takes memory when a batch is first written there
+        self.pid, self.nbytes, self.ino = os.getpid(), nbytes, os.fstat(self.fd).st_ino
+        self._map: mmap.mmap | None = None
+        weakref.finalize(self, os.close, self.fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fd": self.fd, "pid": self.pid, "nbytes": self.nbytes, "ino": self.ino}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _map=None)
+
+    def mapping(self) -> mmap.mmap:
+        if self._map is None:
+            try:
+                same = os.getpid() == self.pid or os.fstat(self.fd).st_ino == self.ino  # inherited by fork
+            except OSError:
+                same = False
+            if same:
+                self._map = mmap.mmap(self.fd, self.nbytes)
+            else:
+                fd = os.open(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDWR)
+                try:
+                    self._map = mmap.mmap(fd, self.nbytes)
+                finally:
+                    os.close(fd)
+        return self._map
+
+    def view(self, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """A uint8 tensor of ``shape`` over the file's bytes at ``offset`` (it keeps the mapping alive)."""
+        count = int(np.prod(shape))
+        return torch.frombuffer(self.mapping(), dtype=torch.uint8, count=count, offset=offset).view(shape)
 
 
 class BatchSlots:
-    """Shared-memory batch buffers that each DataLoader worker reuses once the main process is done with them.
+    """Batch buffers that each DataLoader worker reuses once the main process is done with them.
 
     ``batch_buffer`` hands over a fresh shared-memory file per batch: the worker takes a page fault on every 4 KiB
     it writes (the kernel zeroes each page first) and the file is torn down when the main process drops the batch.
@@ -110,23 +164,37 @@ class BatchSlots:
     it busy). A worker with every slot busy - the user holds many batches - allocates a fresh buffer as before, so
     a slot is never written while the main process can still read it, and nothing ever waits.
 
-    Made in the main process before the workers start (it is pickled into them with the dataset); outside a
-    worker ``acquire`` returns a plain tensor.
+    ``backing``: ``"shm"`` (each slot a ``/dev/shm`` file, grown to the largest batch it held) or ``"memfd"`` (one
+    anonymous memory file of ``slot_bytes`` per slot, for all workers; ``data.shm.plan_shm`` picks it when
+    ``/dev/shm`` is too small). Made in the main process before the workers start (it is pickled into them with
+    the dataset); outside a worker ``acquire`` returns a plain tensor. What a worker sends for a slot is
+    ``export(buffer, slot)``; the main process turns it back into the batch's tensor with ``receive``.
     """
 
-    def __init__(self, workers: int, slots: int = 4) -> None:
-        self.slots = slots
+    def __init__(self, workers: int, slots: int = 4, *, backing: str = "shm", slot_bytes: int = 0) -> None:
+        if backing not in ("shm", "memfd") or (backing == "memfd" and slot_bytes < 1):
+            raise PttError(
+                f"BatchSlots: backing must be 'shm' or 'memfd' (with slot_bytes), got {backing!r}."
+            )
+        self.slots, self.backing, self.slot_bytes = slots, backing, slot_bytes
         self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.uint8).share_memory_()
         self.key = os.urandom(8).hex()
         _SLOT_FLAGS[self.key] = self.flags  # main process: how a received batch finds its flag
+        self.file = (
+            _MemFile(f"ptt-batches-{self.key}", len(self.flags) * slot_bytes) if backing == "memfd" else None
+        )
+        if self.file is not None:
+            _MEMFILES[self.key] = self.file
         self._mine: dict[int, torch.UntypedStorage] = {}
+        self.plan: ShmPlan | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"slots": self.slots, "flags": self.flags, "key": self.key}
+        return {
+            k: getattr(self, k) for k in ("slots", "flags", "key", "backing", "slot_bytes", "file", "plan")
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.slots, self.flags, self.key = state["slots"], state["flags"], state["key"]
-        self._mine = {}
+        self.__dict__.update(state, _mine={})
 
     def acquire(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, int]:
         """A uint8 buffer of ``shape`` and its slot number (-1: a fresh buffer that no one reuses)."""
@@ -134,16 +202,91 @@ class BatchSlots:
         if info is None or (info.id + 1) * self.slots > len(self.flags):
             return batch_buffer(shape), -1
         numel = int(np.prod(shape))
+        if self.file is not None and numel > self.slot_bytes:
+            raise PttError(
+                f"a batch of {shape} is larger than the loader planned its buffers for ({self.slot_bytes} bytes)"
+            )
         flags = self.flags.numpy()
         for s in range(info.id * self.slots, (info.id + 1) * self.slots):
             if flags[s]:
                 continue  # the main process still holds that batch
+            flags[s] = 1
+            if self.file is not None:
+                return self.file.view(s * self.slot_bytes, shape), s
             storage = self._mine.get(s)
             if storage is None or storage.nbytes() < numel:
-                storage = self._mine[s] = torch.UntypedStorage._new_shared(numel)
-            flags[s] = 1
+                storage = self._mine[s] = batch_buffer((numel,)).untyped_storage()
             return torch.empty(0, dtype=torch.uint8).set_(storage)[:numel].view(shape), s
         return batch_buffer(shape), -1
+
+    def release(self, slot: int) -> None:
+        """In a worker: give back ``slot`` of a buffer that was never sent."""
+        if slot >= 0:
+            self.flags.numpy()[slot] = 0
+
+    def export(self, buffer: torch.Tensor, slot: int) -> Any:
+        """What a worker sends for ``buffer`` (of ``acquire``): the tensor itself (torch shares its ``/dev/shm``
+        file), or for a memory-file slot its place in the file (the file's pages are the main process's too)."""
+        if self.file is None or slot < 0:
+            return buffer
+        return _SlotRef(slot * self.slot_bytes, tuple(buffer.shape))
+
+
+class _SlotRef(NamedTuple):
+    offset: int
+    shape: tuple[int, ...]
+
+
+def receive(sent: Any, key: str, slot: int) -> torch.Tensor:
+    """In the main process: the tensor a worker's ``BatchSlots.export`` sent, watched so that its slot is freed
+    when the last tensor over it is."""
+    images = _MEMFILES[key].view(sent.offset, sent.shape) if isinstance(sent, _SlotRef) else sent
+    watch_slot(images, key, slot)
+    return images
+
+
+def plan_slots(
+    who: str, batch_bytes: int | None, workers: int, prefetch_factor: int
+) -> tuple[BatchSlots | None, ShmPlan | None]:
+    """The reused batch buffers of a loader whose ``workers`` build batches of ``batch_bytes`` (None: sizes
+    unknown up front, fresh buffers per batch), planned before the workers start to fit ``/dev/shm``
+    (``data.shm.plan_shm``: fewer batches in flight, or memory files; what changed is said in a ``PttWarning``).
+    The loader then queues ``plan.prefetch_factor`` batches per worker."""
+    if workers < 1 or batch_bytes is None:
+        return None, None
+    plan = plan_shm(who, batch_bytes, workers, prefetch_factor)
+    if plan.message:
+        warnings.warn(plan.message, PttWarning, stacklevel=3)
+    slots = BatchSlots(
+        workers, plan.prefetch_factor + HELD_BATCHES, backing=plan.backing, slot_bytes=batch_bytes
+    )
+    slots.plan = plan  # what the doctors read off a loader's dataset
+    return slots, plan
+
+
+def wire_batch(out: torch.Tensor, labels: list[int], slots: BatchSlots | None, slot: int) -> Batch:
+    """A classification batch of ``out`` (NHWC, its first ``len(labels)`` images filled): in a worker, what it
+    sends (unpickled in the main process into ``(images, labels)``, the slot watched); elsewhere the batch."""
+    if torch.utils.data.get_worker_info() is None or slots is None:
+        return _batch_from_wire(out, np.asarray(labels, np.int64), len(labels))
+    return _BatchWire(slots.export(out, slot), np.asarray(labels, np.int64), slots.key, slot)  # type: ignore[return-value]
+
+
+class _BatchWire:
+    """What a worker hands the main process for a classification batch: the images' buffer (a tensor over a
+    ``/dev/shm`` file, or a memory-file slot's place) and the labels inline (as a tensor they would be one more
+    shared-memory file per batch). ``default_convert`` leaves it alone; unpickling makes the batch."""
+
+    def __init__(self, sent: Any, labels: np.ndarray, key: str, slot: int) -> None:
+        self.sent, self.labels, self.key, self.slot = sent, labels, key, slot
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_batch_from_wire, (self.sent, self.labels, len(self.labels), self.key, self.slot))
+
+
+def _batch_from_wire(sent: Any, labels: np.ndarray, n: int, key: str = "", slot: int = -1) -> Batch:
+    images = receive(sent, key, slot) if key else sent
+    return images[:n].permute(0, 3, 1, 2), torch.from_numpy(labels)
 
 
 def watch_slot(images: torch.Tensor, key: str, slot: int) -> None:
@@ -216,32 +359,49 @@ def sample_identity(payload: Any, label: int) -> int:
 class StreamBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Batches from an iterable dataset (ShardStream): the stream splits itself across ranks and workers. Each
     sample's augmentation draws from (seed, epoch, its content's identity): the same batches' samples whatever
-    the worker count."""
+    the worker count. A fixed-size batch lands in one of the worker's reused buffers (``slots``)."""
 
-    def __init__(self, stream: Any, maker: SampleMaker, batch_size: int, drop_last: bool, seed: int) -> None:
-        self.stream, self.maker, self.batch_size, self.drop_last, self.seed = (
-            stream,
-            maker,
-            batch_size,
-            drop_last,
-            seed,
-        )
+    def __init__(
+        self,
+        stream: Any,
+        maker: SampleMaker,
+        batch_size: int,
+        drop_last: bool,
+        seed: int,
+        slots: BatchSlots | None = None,
+    ) -> None:
+        self.stream, self.maker, self.batch_size, self.drop_last = stream, maker, batch_size, drop_last
+        self.seed, self.slots = seed, slots
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Batch]:
         if hasattr(self.stream, "set_epoch"):
             self.stream.set_epoch(self.epoch)
+        fixed = self.maker.crop is not None and self.slots is not None
         images: list[np.ndarray] = []
         labels: list[int] = []
+        out, slot = None, -1
         for item in self.stream:
             rng = sample_rng(self.seed, self.epoch, sample_identity(item[0], item[1]))
-            images.append(self.maker(item[0], rng))
+            if fixed:  # pixels land in the batch directly
+                if out is None:
+                    out, slot = self.slots.acquire((self.batch_size, *self.maker.crop, 3))  # type: ignore[union-attr,misc]
+                self.maker(item[0], rng, out=out.numpy()[len(labels)])
+            else:
+                images.append(self.maker(item[0], rng))
             labels.append(int(item[1]))
-            if len(images) == self.batch_size:
-                yield stack_batch(images, labels)
-                images, labels = [], []
-        if images and not self.drop_last:
-            yield stack_batch(images, labels)
+            if len(labels) == self.batch_size:
+                yield self._batch(out, slot, images, labels)
+                images, labels, out = [], [], None
+        if labels and not self.drop_last:
+            yield self._batch(out, slot, images, labels)
+        elif out is not None:  # a partial batch dropped: its buffer was never sent
+            self.slots.release(slot)  # type: ignore[union-attr]
+
+    def _batch(
+        self, out: torch.Tensor | None, slot: int, images: list[np.ndarray], labels: list[int]
+    ) -> Batch:
+        return stack_batch(images, labels) if out is None else wire_batch(out, labels, self.slots, slot)
 
 
 def init_worker(_: int) -> None:

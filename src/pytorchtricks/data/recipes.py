@@ -112,6 +112,31 @@ class DetectionRecipe:
         w = max(s[1] for s in sizes)
         return -(-h // d) * d, -(-w // d) * d
 
+    def largest_canvas_hw(self, sizes: np.ndarray | None = None) -> tuple[int, int] | None:
+        """The largest padded batch this recipe makes: from the images' ``(h, w)`` rows ``sizes`` when given,
+        else the bound ``max_size`` sets (a batch may mix portrait and landscape images); None when neither
+        bounds it (shortest side without ``max_size`` and no sizes). What a loader sizes its buffers by.
+
+        Example:
+            >>> DetectionRecipe.shortest_side(800, 1333).largest_canvas_hw()
+            (1344, 1344)
+            >>> DetectionRecipe.shortest_side(800, 1333).largest_canvas_hw(np.array([[3000, 4000], [600, 800]]))
+            (800, 1088)
+        """
+        if self.kind != "shortest_side":
+            return self.canvas_hw([])
+        s = max(self.min_size)
+        if sizes is not None and len(sizes):
+            hw = np.asarray(sizes, np.float64).reshape(-1, 2)
+            r = s / hw.min(axis=1)
+            if self.max_size is not None:
+                r = np.minimum(r, self.max_size / hw.max(axis=1))
+            out = np.floor(hw * r[:, None]).astype(np.int64)
+            return self.canvas_hw([(int(out[:, 0].max()), int(out[:, 1].max()))])
+        if self.max_size is None:
+            return None
+        return self.canvas_hw([(self.max_size, self.max_size)])  # both sides are at most max_size
+
     def plan(
         self, hw: tuple[int, int], rng: np.random.Generator, min_size: int, boxes: np.ndarray | None = None
     ) -> Geometry:

@@ -38,6 +38,7 @@ from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning,
 from pytorchtricks.data.decode import decode_image, image_size, resize_array
 from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.data.images import is_encoded, read_item, to_hwc
+from pytorchtricks.data.shm import RESERVE_BYTES, shm_space
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tricks.data._arena import (
     DEFAULT_DIR,
@@ -382,6 +383,43 @@ def _local_rank() -> int:
 BUILD_BATCH = (
     64  # images per worker task: one shared-memory buffer and one pickle per 64 images, not per image
 )
+BUILD_IN_FLIGHT = 3  # tasks per worker in shared memory at once: 2 prefetched + the one the writer is copying
+BUILD_SPREAD = 2.0  # a task's bytes against the sampled mean image's x its count: images differ in size
+
+
+def _build_plan(workers: int, image_bytes: float, arena_shm_bytes: int) -> tuple[int, int]:
+    """``(workers, images per task)`` for the build so that its tasks in flight fit ``/dev/shm`` beside the
+    arena (``arena_shm_bytes`` of it when the arena lives there): fewer images per task first, down to one, then
+    no workers (the build decodes in this process and uses no shared memory); either change said."""
+    space = shm_space()
+    if workers < 1 or space is None:
+        return workers, BUILD_BATCH
+    room = space.free_bytes - RESERVE_BYTES - arena_shm_bytes
+    batch = BUILD_BATCH
+
+    def need(b: int) -> float:
+        return workers * BUILD_IN_FLIGHT * b * image_bytes * BUILD_SPREAD
+
+    while batch > 1 and need(batch) > room:
+        batch //= 2
+    where = f"{space.path} ({space.total_bytes / 2**20:.0f} MiB, {space.free_bytes / 2**20:.0f} MiB free)"
+    if need(batch) > room:
+        warnings.warn(
+            f"cache_in_ram: its build's decoded images in flight do not fit {where} even one per task; it "
+            f"decodes in this process (no workers, so slower) instead. Give /dev/shm room (docker run "
+            "--shm-size=...) or pass cache_dir= on a local disk for a faster build.",
+            PttWarning,
+            stacklevel=4,
+        )
+        return 0, BUILD_BATCH
+    if batch < BUILD_BATCH:
+        warnings.warn(
+            f"cache_in_ram: its build hands {batch} images per worker task instead of {BUILD_BATCH}, so that its "
+            f"decoded images in flight fit {where}.",
+            PttWarning,
+            stacklevel=4,
+        )
+    return workers, batch
 
 
 def _build(
@@ -393,15 +431,17 @@ def _build(
     source: str,
     content: str,
     detection: tuple[int | None] | None = None,
+    batch: int = BUILD_BATCH,
 ) -> None:
-    """Decode ``dataset`` into the arena ``final`` (built aside, renamed when complete). ``detection``:
-    ``(max_size,)`` for a detection dataset, whose targets (scaled to the stored pixels) go to ``targets.json``."""
+    """Decode ``dataset`` into the arena ``final`` (built aside, renamed when complete), ``batch`` images per
+    worker task. ``detection``: ``(max_size,)`` for a detection dataset, whose targets (scaled to the stored
+    pixels) go to ``targets.json``."""
     tmp = f"{final}.tmp{os.getpid()}"  # the name _arena.list_arenas reads as "a build of process <pid>"
     os.mkdir(
         tmp, 0o700
     )  # private whatever the umask; under the build lock, after clear_builds: never there yet
     loader = torch.utils.data.DataLoader(
-        _DecodeBatches(dataset, size, BUILD_BATCH, detection),
+        _DecodeBatches(dataset, size, batch, detection),
         batch_size=None,
         num_workers=num_workers,
         prefetch_factor=2 if num_workers else None,
@@ -413,9 +453,9 @@ def _build(
             if writer.offset + pixels.numel() > limit_bytes:
                 raise MemoryError(
                     f"arena passed its budget of {limit_bytes / 2**30:.2f} GiB in images "
-                    f"{b * BUILD_BATCH}..{b * BUILD_BATCH + len(labels) - 1}"
+                    f"{b * batch}..{b * batch + len(labels) - 1}"
                 )
-            writer.add_batch(b * BUILD_BATCH, pixels.numpy(), shapes.numpy(), labels.numpy())
+            writer.add_batch(b * batch, pixels.numpy(), shapes.numpy(), labels.numpy())
             targets += batch_targets
         extras = {"targets.json": ("[" + ",".join(targets) + "]").encode()} if detection is not None else None
         writer.finish(size, source, content, extras)
@@ -610,8 +650,10 @@ def _admit_and_build(
         warnings.warn(msg, NoEffectWarning, stacklevel=3)
         return False
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    arena_in_shm = need * SAFETY if in_ram(root) else 0  # the arena's own pages come out of /dev/shm too
+    workers, batch = _build_plan(workers, need / max(1, len(dataset)), int(arena_in_shm))
     try:
-        _build(dataset, size, final, workers, limit, _source(dataset, key), content, detection)
+        _build(dataset, size, final, workers, limit, _source(dataset, key), content, detection, batch)
     except MemoryError as exc:
         if strict:
             raise PttError(

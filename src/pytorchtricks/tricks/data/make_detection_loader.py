@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
-from pytorchtricks.data.batches import BatchSlots, init_worker
+from pytorchtricks.data.batches import BatchSlots, init_worker, plan_slots
 from pytorchtricks.data.detection_loader import (
     DetectionBatch,
     DetectionBatcher,
@@ -121,15 +121,19 @@ def make_detection_loader(
     world = w0 if cfg.world_size is None else cfg.world_size
     if not 0 <= rank < world:
         raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
-    groups = aspect_groups(_sizes(dataset)) if cfg.group_by_aspect and rec.kind == "shortest_side" else None
+    sizes = _sizes(dataset) if cfg.group_by_aspect and rec.kind == "shortest_side" else None
+    groups = aspect_groups(sizes) if sizes is not None else None
     sampler = GroupedEpochBatches(
         len(dataset), batch_size, cfg.shuffle, cfg.drop_last, cfg.seed, rank, world, groups
     )
     workers = min(len(os.sched_getaffinity(0)), 8) if cfg.num_workers is None else cfg.num_workers
+    canvas = rec.largest_canvas_hw(sizes)
+    batch_bytes = batch_size * canvas[0] * canvas[1] * 3 if canvas is not None else None
+    slots, shm = plan_slots("make_detection_loader", batch_bytes, workers, cfg.prefetch_factor)
     kwargs: dict[str, Any] = {}
     if workers > 0:
         kwargs.update(
-            prefetch_factor=cfg.prefetch_factor,
+            prefetch_factor=shm.prefetch_factor if shm is not None else cfg.prefetch_factor,
             persistent_workers=cfg.persistent_workers,
             worker_init_fn=init_worker,
         )
@@ -137,7 +141,7 @@ def make_detection_loader(
         _DetectionBatches(
             dataset,
             DetectionBatcher(rec, cfg.seed, cfg.backend, cfg.scaled_decode),
-            BatchSlots(workers, cfg.prefetch_factor + 2),
+            slots or BatchSlots(workers, cfg.prefetch_factor + 2),
         ),
         batch_size=None,
         sampler=sampler,
@@ -146,8 +150,9 @@ def make_detection_loader(
         **kwargs,
     )
     return Loader(
-        dl, sampler, batch_size, mode="train" if cfg.shuffle else "eval", dropped_per_epoch=sampler.dropped()
-    )
+        dl, sampler, batch_size, mode="train" if cfg.shuffle else "eval", dropped_per_epoch=sampler.dropped(),
+        shm=shm,
+    )  # fmt: skip
 
 
 def _recipe(recipe: DetectionRecipe | str) -> DetectionRecipe:

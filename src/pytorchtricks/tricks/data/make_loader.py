@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
-from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker
+from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker, plan_slots
 from pytorchtricks.data.decode import resize_array
 from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
+from pytorchtricks.data.shm import ShmPlan
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
 __all__ = ["LoaderConfig", "make_loader"]
@@ -153,6 +154,8 @@ class Loader:
     drop_last, which splits itself and does not know its length). ``mode``: ``"train"`` or ``"eval"``.
     ``device``: where the batches arrive (``None``: where the workers made them, host memory); on another device
     each epoch's batches come through ``prefetch_to_device`` (pinned memory, side-stream copies, ahead of use).
+    ``shm``: how the workers' batches in flight fit ``/dev/shm`` (``data.shm.ShmPlan``; None without workers or
+    when the batch size is not known up front).
     """
 
     def __init__(
@@ -164,9 +167,10 @@ class Loader:
         mode: Mode = "train",
         dropped_per_epoch: int | None = 0,
         device: torch.device | None = None,
+        shm: ShmPlan | None = None,
     ) -> None:
         self.dataloader, self._source, self.batch_size = dataloader, source, batch_size
-        self.mode, self.dropped_per_epoch, self.device = mode, dropped_per_epoch, device
+        self.mode, self.dropped_per_epoch, self.device, self.shm = mode, dropped_per_epoch, device, shm
         self.epoch = 0
         self._explicit_epoch = False
         self._running = (0, 0)  # (epoch being read, batches handed out in it)
@@ -359,12 +363,15 @@ def make_loader(
     if not iterable and not hasattr(dataset, "__len__"):
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
     dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
+    crop_hw = maker.crop
+    batch_bytes = batch_size * crop_hw[0] * crop_hw[1] * 3 if crop_hw is not None else None
+    slots, shm = plan_slots("make_loader", batch_bytes, workers, prefetch_factor or 2)
     if iterable:
         if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
             dataset.batch_size = (
                 batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
             )
-        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed)
+        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed, slots)
         sampler = None
     else:
         if len(dataset) == 0:
@@ -376,11 +383,12 @@ def make_loader(
             _say_dropped(dropped, len(dataset), batch_size, world, shuffle)
     kwargs: dict[str, Any] = {}
     if workers > 0:
-        kwargs["prefetch_factor"] = prefetch_factor or 2  # in batches per worker: 2 keeps every core busy
+        # in batches per worker: 2 keeps every core busy; fewer where /dev/shm cannot hold them (plan_slots)
+        kwargs["prefetch_factor"] = shm.prefetch_factor if shm is not None else prefetch_factor or 2
         kwargs["persistent_workers"] = (not iterable) if persistent_workers is None else persistent_workers
         kwargs["worker_init_fn"] = init_worker
     dl = torch.utils.data.DataLoader(
-        source if iterable else BatchDataset(dataset, maker, seed),
+        source if iterable else BatchDataset(dataset, maker, seed, slots),
         batch_size=None,  # each item is already a whole batch
         sampler=sampler,
         num_workers=workers,
@@ -389,8 +397,9 @@ def make_loader(
     )
     on_device = dev if dev is not None and dev.type != "cpu" else None
     return Loader(
-        dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device
-    )
+        dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device,
+        shm=shm,
+    )  # fmt: skip
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
