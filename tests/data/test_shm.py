@@ -268,3 +268,24 @@ def test_real_photos_through_both_loaders_in_a_64_mb_dev_shm(tmp_path, writers):
         said = out[name]["warnings"]
         assert said and "do not fit /dev/shm (64 MiB" in said[0], said  # it says what it changed
         assert out[name]["backing"] == "memfd" or out[name]["prefetch"] < 2
+
+
+def test_doctor_run_says_what_a_scripts_shm_failure_means(tmp_path):
+    from pytorchtricks.analysis.script_run import run_script
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for step in range(3):\n"
+        "    m(torch.randn(8, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "raise RuntimeError('unable to allocate shared memory(shm) for file </torch_1>: No space left on device (28)')\n"
+    )
+    with pytest.raises(
+        ptt.PttError, match=r"ran out of shared memory \(/dev/shm\) after 3 optimizer step.*--shm-size"
+    ):
+        run_script([str(script)], steps=5, warmup=0)
+    script.write_text("raise RuntimeError('something else')\n")
+    with pytest.raises(RuntimeError, match="something else"):  # other errors are the script's own
+        run_script([str(script)], steps=5, warmup=0)
