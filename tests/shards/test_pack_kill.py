@@ -2,8 +2,10 @@
 
 Kill tests run a driver in a fresh interpreter: it forks a child per kill point that packs with workers=0 and
 SIGKILLs itself right before or after its N-th event (an ``os.replace`` - every rename of a shard, journal, index,
-manifest or the LMDB folder - or an LMDB chunk commit), then re-runs the same pack itself. Each result must equal an
-uninterrupted pack file for file, manifest included, with no journal, temp or stale file left.
+manifest or the LMDB folder -, an LMDB chunk commit or a transaction of the LMDB's canonical write), or in the middle
+of a transaction (``mid``: at its N-th LMDB record key, in a chunk, the canonical write or the index read after
+it), then re-runs the same pack itself. Each result must equal an uninterrupted pack file for file, manifest
+(sha256s) included, with no journal, temp or stale file left.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -36,19 +39,20 @@ from pytorchtricks.shards import lmdb_format
 from pytorchtricks.shards.writer import pack
 
 a = json.loads(sys.argv[1])
-kw = dict(format=a["fmt"], shard_size=a["shard_size"], workers=0)
+kw = dict(format=a["fmt"], workers=0, **a["options"])
+lmdb_format._CANONICAL_TXN_BYTES = a["canonical_txn_bytes"]  # several canonical transactions on a small pack
 warnings.simplefilter("ignore")  # "already holds this pack" after a kill past the manifest
 
 def killed_at(dst, when, point):
     pid = os.fork()
     if pid == 0:
         try:
-            seen = [0]
+            seen, keys = [0], [0]
 
             def event(real, name_of):
                 def call(*args, **kwargs):
                     seen[0] += 1
-                    hit = point == seen[0] or point == name_of(args)
+                    hit = when != "mid" and (point == seen[0] or point == name_of(args))
                     if hit and when == "before":
                         os.kill(os.getpid(), signal.SIGKILL)
                     out = real(*args, **kwargs)
@@ -57,11 +61,19 @@ def killed_at(dst, when, point):
                     return out
                 return call
 
+            def key(i, real=lmdb_format.sample_key):
+                keys[0] += 1
+                if when == "mid" and point == keys[0]:  # records put before it, uncommitted
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(i)
+
             os.replace = event(os.replace, lambda args: os.path.basename(os.fspath(args[1])))
             W = lmdb_format.LmdbWriter
             W.write_chunk = event(W.write_chunk, lambda args: "chunk")
+            W._canonical_txn = event(W._canonical_txn, lambda args: "canonical")
+            lmdb_format.sample_key = key
             pack(a["src"], dst, **kw)
-            print(json.dumps({"events": seen[0]}), flush=True)
+            print(json.dumps({"events": seen[0], "keys": keys[0]}), flush=True)
             os._exit(0)
         except BaseException as exc:
             print(repr(exc), file=sys.stderr, flush=True)
@@ -87,12 +99,14 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
-def _kill_and_resume(src: Path, base: Path, fmt: str, points: list[tuple[str, int | str]]) -> list[Path]:
-    dsts = [base / f"{fmt}-{when}-{point}" for when, point in points]
+def _kill_and_resume(src: Path, base: Path, case: str, points: list[tuple[str, int | str]]) -> list[Path]:
+    fmt, options = CASES[case]
+    dsts = [base / f"{case}-{when}-{point}" for when, point in points]
     arg = {
         "src": str(src),
         "fmt": fmt,
-        "shard_size": "600KB",
+        "options": options,
+        "canonical_txn_bytes": CANONICAL_TXN_BYTES[case],
         "points": [[str(d), when, point] for d, (when, point) in zip(dsts, points, strict=True)],
     }
     killed = run_driver(DRIVER, arg)
@@ -106,16 +120,37 @@ def _assert_same(dst: Path, ref: Path) -> None:
     assert not [p for p in dst.rglob("*") if ".tmp" in p.name]
 
 
-FORMATS = ("ptt", "tar", "lmdb")
+# case -> (format, pack options). lmdb-small: records of about 1-2 KB, several to an LMDB page, in 16 KB chunks:
+# the pages whose free space LMDB reuses unwiped, where a resumed LMDB came out other bytes before it was written
+# canonically (a compacting copy, mdb_env_copy2, keeps those bytes); lmdb: the photos' records, one overflow each.
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ptt": ("ptt", {"shard_size": "600KB"}),
+    "tar": ("tar", {"shard_size": "600KB"}),
+    "lmdb": ("lmdb", {"shard_size": "600KB"}),
+    "lmdb-small": ("lmdb", {"shard_size": "16KB", "resize": 32}),
+}
+# Bytes per transaction of the LMDB's canonical write (64 MiB in use): several transactions on these small packs.
+CANONICAL_TXN_BYTES = {"ptt": 1 << 20, "tar": 1 << 20, "lmdb": 400_000, "lmdb-small": 12_000}
+
+
+def _pack_case(src: Path, dst: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The uninterrupted pack of ``case``, as the driver's children pack it."""
+    from pytorchtricks.shards import lmdb_format
+
+    fmt, options = CASES[case]
+    with monkeypatch.context() as m:
+        m.setattr(lmdb_format, "_CANONICAL_TXN_BYTES", CANONICAL_TXN_BYTES[case])
+        pack(src, dst, format=fmt, workers=0, **options)
 
 
 @pytest.fixture(scope="module")
 def refs(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Uninterrupted packs of the 48 photos, one per format."""
+    """Uninterrupted packs of the 48 photos, one per case."""
     base = tmp_path_factory.mktemp("refs")
-    for fmt in FORMATS:
-        pack(photos, base / fmt, format=fmt, shard_size="600KB", workers=0)
-    return {fmt: base / fmt for fmt in FORMATS}
+    with pytest.MonkeyPatch.context() as m:
+        for case in CASES:
+            _pack_case(photos, base / case, case, m)
+    return {case: base / case for case in CASES}
 
 
 FAST_POINTS: dict[str, list[tuple[str, int | str]]] = {
@@ -125,13 +160,15 @@ FAST_POINTS: dict[str, list[tuple[str, int | str]]] = {
     ],  # after 2 shards (+ their journal saves); after the manifest
     "tar": [("after", 5), ("before", "manifest.json")],
     "lmdb": [("after", "data.lmdb"), ("after", 2)],  # right after the rename (was: never completes); 2 chunks
+    # after the first commit (was: the same records, another sha256), mid-chunk, mid-canonical-write
+    "lmdb-small": [("after", 1), ("mid", 30), ("mid", 60), ("after", "canonical")],
 }
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_kill_9_then_rerun_is_byte_identical(photos, refs, tmp_path, fmt):
-    for dst in _kill_and_resume(photos, tmp_path, fmt, FAST_POINTS[fmt]):
-        _assert_same(dst, refs[fmt])
+@pytest.mark.parametrize("case", CASES)
+def test_kill_9_then_rerun_is_byte_identical(photos, refs, tmp_path, case):
+    for dst in _kill_and_resume(photos, tmp_path, case, FAST_POINTS[case]):
+        _assert_same(dst, refs[case])
 
 
 @pytest.fixture(scope="module")
@@ -146,27 +183,36 @@ def small(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_kill_9_at_every_rename_and_commit_resumes(small, tmp_path, monkeypatch, fmt):
+@pytest.mark.parametrize("case", CASES)
+def test_kill_9_at_every_rename_and_commit_resumes(small, tmp_path, monkeypatch, case):
+    """Every rename and commit (before and after), and for LMDB every record put (mid-transaction)."""
+    from pytorchtricks.shards import lmdb_format
     from pytorchtricks.shards.lmdb_format import LmdbWriter
 
-    ref, seen = tmp_path / "ref", [0]
+    ref, seen, keys, canonical = tmp_path / "ref", [0], [0], [0]
 
-    def counted(real):
+    def counted(real, n):
         def call(*a, **k):
-            seen[0] += 1
+            n[0] += 1
             return real(*a, **k)
 
         return call
 
     with monkeypatch.context() as m:  # the events of one uninterrupted run, as the driver counts them
-        m.setattr(os, "replace", counted(os.replace))
-        m.setattr(LmdbWriter, "write_chunk", counted(LmdbWriter.write_chunk))
-        pack(small, ref, format=fmt, shard_size="600KB", workers=0)
+        m.setattr(os, "replace", counted(os.replace, seen))
+        m.setattr(LmdbWriter, "write_chunk", counted(LmdbWriter.write_chunk, seen))
+        m.setattr(LmdbWriter, "_canonical_txn", counted(counted(LmdbWriter._canonical_txn, canonical), seen))
+        m.setattr(lmdb_format, "sample_key", counted(lmdb_format.sample_key, keys))
+        _pack_case(small, ref, case, m)
     n = seen[0]
     assert n >= 6
     points: list[tuple[str, int | str]] = [(w, k) for k in range(1, n + 1) for w in ("before", "after")]
-    for dst in _kill_and_resume(small, tmp_path, fmt, points):
+    if CASES[case][0] == "lmdb":
+        # each record: put in its chunk, put in the canonical write, read for the index
+        assert keys[0] == 3 * 24
+        assert canonical[0] >= 3  # the canonical write took several transactions: kills between them too
+        points += [("mid", k) for k in range(1, keys[0] + 1)]
+    for dst in _kill_and_resume(small, tmp_path, case, points):
         _assert_same(dst, ref)
 
 

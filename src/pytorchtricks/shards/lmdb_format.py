@@ -1,8 +1,9 @@
 """LMDB packs: one key per sample (``b"%09d"``) holding ``u32 crc | record``, plus ``__meta__`` (JSON).
 
 Written into ``data.lmdb.tmp/`` one transaction per shard-sized chunk, each committing its progress
-(``__progress__``) with the data, so a killed pack resumes after the last commit; renamed to ``data.lmdb/`` at the
-end. Readers open the environment lazily inside each process with ``lock=False, readahead=False, meminit=False``.
+(``__progress__``) with the data, so a killed pack resumes after the last commit; then rewritten canonically
+(``LmdbWriter._canonical_txn``) and renamed to ``data.lmdb/``. Readers open the environment lazily inside each
+process with ``lock=False, readahead=False, meminit=False``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.record import crc32
 
 _U32 = struct.Struct("<I")
-_MAP_SIZE = 1 << 40  # address space only; the file grows with the data
+_MAP_SIZE = 1 << 40  # address space only; the file grows with the data (its meta page records it: fixed)
+_CANONICAL = "canonical"  # data.lmdb.tmp/canonical/: the final file being written, renamed to data.lmdb/
+# Record bytes per transaction of the canonical write: bounds its memory (LMDB keeps a write transaction's pages in
+# RAM). Part of the file's layout (the transactions it took, the pages they freed): changing it changes the bytes.
+_CANONICAL_TXN_BYTES = 64 << 20
 META_KEY = b"__meta__"
 PROGRESS_KEY = b"__progress__"
 
@@ -116,9 +121,14 @@ class LmdbWriter:
     - ``data.lmdb/`` whose ``__meta__`` carries this digest, and the finished chunk list: already done.
     - anything else (another pack's digest, a ``data.lmdb/`` without its chunk list): removed, packing restarts.
 
-    The final ``data.lmdb/`` is a compacted copy (``mdb_env_copy2``, MDB_CP_COMPACT) of the temp environment: its
-    pages are renumbered by a walk of the tree, so they depend on the records, not on which run committed which
-    transaction or which freed pages it reused - a resumed pack is byte-identical to an uninterrupted one.
+    The final ``data.lmdb/`` is written canonically, so its bytes depend on the records alone, not on which run
+    committed which chunk: LMDB's pages carry their history (a page reused in the same process keeps the old bytes
+    in its free space, a value's last overflow page its tail), and a compacting copy (``mdb_env_copy2``) copies
+    whole pages, so a resumed pack came out other bytes than an uninterrupted one. Every pack, resumed or not, writes
+    ``data.lmdb.tmp/canonical/`` from the sealed temp environment: the records in key order (``MDB_APPEND``) then
+    ``__meta__``, in transactions of ``_CANONICAL_TXN_BYTES``, each in a freshly opened environment (no lock file,
+    fixed map size) - so the file after each commit is a function of the records, and a killed canonical write
+    continues after its last commit to the same bytes. Then ``data.mdb`` is fsynced and the folder renamed.
     """
 
     def __init__(self, dst: str, digest: str, finished: list[dict[str, Any]] | None = None) -> None:
@@ -169,8 +179,9 @@ class LmdbWriter:
         self.chunks = chunks
 
     def finalize(self, count: int, classes: list[str]) -> dict[str, Any]:
-        """Seal the temp environment, copy it compacted to ``data.lmdb/``; the caller has saved its chunk list
-        first (after the seal the progress key is gone and the chunk list lives only there)."""
+        """Seal the temp environment, write it canonically to ``data.lmdb/``; the caller has saved its chunk list
+        first (after the seal the progress key is gone and the chunk list lives only there). Returns the file's
+        manifest entry, its sha256 read from the final ``data.mdb``."""
         import shutil
 
         if not self.done:
@@ -186,12 +197,10 @@ class LmdbWriter:
                     txn.put(META_KEY, json.dumps(meta, sort_keys=True).encode())
                 self.sealed = True
             self.env.sync(True)
-            part = os.path.join(
-                self.tmp, "compact"
-            )  # inside the temp folder: a kill leaves nothing else behind
-            shutil.rmtree(part, ignore_errors=True)
-            os.makedirs(part)
-            self.env.copy(part, compact=True)
+            # inside the temp folder: a kill leaves nothing else behind
+            part = os.path.join(self.tmp, _CANONICAL)
+            while not self._canonical_txn(part, count):
+                pass
             self.env.close()
             self.env = None
             self._fsync(os.path.join(part, "data.mdb"))
@@ -210,6 +219,72 @@ class LmdbWriter:
             "bytes": os.path.getsize(data),
             "sha256": h.hexdigest(),
         }
+
+    def _canonical_txn(self, part: str, count: int) -> bool:
+        """One transaction of the canonical write into ``part``: the records after the last one there, up to
+        ``_CANONICAL_TXN_BYTES`` of them, and ``__meta__`` after the last record. Returns True once ``part`` holds
+        ``__meta__`` (complete: this transaction wrote it, or an earlier run did).
+
+        The environment is opened for this transaction alone: LMDB reuses the pages a process freed without
+        clearing them, so a transaction's bytes follow from the file it starts on only when no transaction ran
+        before it in the same process - and then a re-run after a kill cannot be told from an uninterrupted run.
+        """
+        lmdb = require("lmdb", "data")
+        start = self._canonical_next(part, count)
+        if start is None:
+            return True
+        env = lmdb.open(part, map_size=_MAP_SIZE, subdir=True, lock=False, sync=True, metasync=True)
+        try:
+            with env.begin(write=True) as txn, self.env.begin(buffers=True) as src:
+                size = 0
+                while start < count and size < _CANONICAL_TXN_BYTES:
+                    key = sample_key(start)
+                    val = src.get(key)
+                    if val is None:
+                        raise ShardError("record missing from the sealed LMDB", path=self.tmp, record=start)
+                    txn.put(key, val, append=True)  # in key order: pages filled left to right, none split
+                    size += len(val)
+                    start += 1
+                if start == count:
+                    meta = src.get(META_KEY)
+                    if meta is None:
+                        raise ShardError("the sealed LMDB has no __meta__ (re-run `ptt pack`)", path=self.tmp)
+                    txn.put(META_KEY, meta, append=True)  # b"__meta__" sorts after every b"%09d" key
+                    return True
+        finally:
+            env.close()
+        return False
+
+    @staticmethod
+    def _canonical_next(part: str, count: int) -> int | None:
+        """The next record the canonical write in ``part`` takes (None: complete). A ``part`` that is not an LMDB
+        of this pack's keys with every page in its file (damaged) is removed: the write starts over."""
+        import shutil
+
+        lmdb = require("lmdb", "data")
+        if not os.path.exists(os.path.join(part, "data.mdb")):
+            shutil.rmtree(part, ignore_errors=True)
+            return 0
+        try:
+            env = lmdb.open(part, readonly=True, lock=False, subdir=True)
+            try:
+                need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+                if os.path.getsize(os.path.join(part, "data.mdb")) < need:
+                    raise ValueError("data.mdb is shorter than its meta page says")
+                with env.begin() as txn, txn.cursor() as cur:
+                    last = cur.key() if cur.last() else None
+            finally:
+                env.close()
+            if last == META_KEY:
+                return None
+            if last is None:
+                return 0
+            if len(last) == 9 and last.isdigit() and int(last) < count:
+                return int(last) + 1
+        except (lmdb.Error, OSError, ValueError):
+            pass
+        shutil.rmtree(part, ignore_errors=True)
+        return 0
 
     def close(self) -> None:
         """Release the environment (the pack failed or was interrupted; what was committed stays)."""
