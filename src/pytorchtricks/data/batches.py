@@ -245,6 +245,26 @@ def receive(sent: Any, key: str, slot: int) -> torch.Tensor:
     return images
 
 
+MAX_DEFAULT_WORKERS = 8  # past ~8 workers per process the main process, not the decode, sets the pace
+
+
+def default_workers(num_workers: int | None) -> int:
+    """``num_workers``, or the loaders' default: one worker per core this process may run on, at most 8."""
+    return min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS) if num_workers is None else num_workers
+
+
+def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's ``(rank, world_size)``: the ones given, else torch.distributed's, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    r = (dist.get_rank() if on else 0) if rank is None else rank
+    w = (dist.get_world_size() if on else 1) if world_size is None else world_size
+    if not 0 <= r < w:
+        raise PttError(f"rank must be in [0, world_size), got rank={r}, world_size={w}.")
+    return r, w
+
+
 def plan_slots(
     who: str, batch_bytes: int | None, workers: int, prefetch_factor: int
 ) -> tuple[BatchSlots | None, ShmPlan | None]:

@@ -20,6 +20,7 @@ import torch
 from pytorchtricks.core import PttError
 from pytorchtricks.data.batches import BatchSlots, EpochBatches, batch_buffer, receive
 from pytorchtricks.data.decode import image_size
+from pytorchtricks.data.images import sample_rng
 from pytorchtricks.data.recipes import DetectionRecipe
 
 
@@ -27,11 +28,6 @@ class DetectionBatch(NamedTuple):
     images: torch.Tensor
     sizes: torch.Tensor
     targets: list[dict[str, Any]]
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """One sample's random stream in one epoch: the same whatever the worker count, rank or batch."""
-    return np.random.Generator(np.random.PCG64([seed, epoch, index]))
 
 
 def aspect_groups(hw: np.ndarray, k: int = 3) -> np.ndarray:

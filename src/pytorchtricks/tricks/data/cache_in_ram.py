@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_or_keywords
+from pytorchtricks.data.batches import default_workers
 from pytorchtricks.data.decode import decode_image, image_size, resize_array
 from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.data.images import is_encoded, read_item, to_hwc
@@ -649,7 +650,7 @@ def _admit_and_build(
             raise PttError(msg)
         warnings.warn(msg, NoEffectWarning, stacklevel=3)
         return False
-    workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    workers = default_workers(num_workers)
     arena_in_shm = need * SAFETY if in_ram(root) else 0  # the arena's own pages come out of /dev/shm too
     workers, batch = _build_plan(workers, need / max(1, len(dataset)), int(arena_in_shm))
     try:

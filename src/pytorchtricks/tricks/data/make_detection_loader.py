@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
-from pytorchtricks.data.batches import BatchSlots, init_worker, plan_slots
+from pytorchtricks.data.batches import BatchSlots, default_workers, init_worker, plan_slots, rank_world
 from pytorchtricks.data.detection_loader import (
     DetectionBatch,
     DetectionBatcher,
@@ -37,7 +37,7 @@ from pytorchtricks.data.detection_loader import (
     aspect_groups,
 )
 from pytorchtricks.data.recipes import DetectionRecipe
-from pytorchtricks.tricks.data.make_loader import Loader, _dist_rank_world
+from pytorchtricks.tricks.data.make_loader import Loader
 
 __all__ = ["DetectionLoaderConfig", "make_detection_loader"]
 
@@ -109,24 +109,20 @@ def make_detection_loader(
     cfg = config or DetectionLoaderConfig()
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
-    rec = _recipe(recipe)
+    rec = detection_recipe(recipe)
     if isinstance(dataset, str | os.PathLike):
         from pytorchtricks.data.open_data import open_data
 
         dataset = open_data(dataset, task="detection", decode=None)  # a detection root or pack (ptt / lmdb)
     if not hasattr(dataset, "__len__") or len(dataset) == 0:
         raise PttError("make_detection_loader needs a non-empty map-style dataset (__len__ and __getitem__).")
-    r0, w0 = _dist_rank_world()
-    rank = r0 if cfg.rank is None else cfg.rank
-    world = w0 if cfg.world_size is None else cfg.world_size
-    if not 0 <= rank < world:
-        raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    rank, world = rank_world(cfg.rank, cfg.world_size)
     sizes = _sizes(dataset) if cfg.group_by_aspect and rec.kind == "shortest_side" else None
     groups = aspect_groups(sizes) if sizes is not None else None
     sampler = GroupedEpochBatches(
         len(dataset), batch_size, cfg.shuffle, cfg.drop_last, cfg.seed, rank, world, groups
     )
-    workers = min(len(os.sched_getaffinity(0)), 8) if cfg.num_workers is None else cfg.num_workers
+    workers = default_workers(cfg.num_workers)
     canvas = rec.largest_canvas_hw(sizes)
     batch_bytes = batch_size * canvas[0] * canvas[1] * 3 if canvas is not None else None
     slots, shm = plan_slots("make_detection_loader", batch_bytes, workers, cfg.prefetch_factor)
@@ -155,7 +151,8 @@ def make_detection_loader(
     )  # fmt: skip
 
 
-def _recipe(recipe: DetectionRecipe | str) -> DetectionRecipe:
+def detection_recipe(recipe: DetectionRecipe | str) -> DetectionRecipe:
+    """A recipe as given, or by its name: shortest_side, multiscale, lsj, ssd (``make_detection_loader``'s)."""
     if isinstance(recipe, DetectionRecipe):
         return recipe
     named = {

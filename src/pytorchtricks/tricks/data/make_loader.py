@@ -27,7 +27,15 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
-from pytorchtricks.data.batches import BatchDataset, EpochBatches, StreamBatches, init_worker, plan_slots
+from pytorchtricks.data.batches import (
+    BatchDataset,
+    EpochBatches,
+    StreamBatches,
+    default_workers,
+    init_worker,
+    plan_slots,
+    rank_world,
+)
 from pytorchtricks.data.decode import resize_array
 from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
 from pytorchtricks.data.shm import ShmPlan
@@ -78,14 +86,6 @@ def _pair(x: int | Sequence[int] | None) -> tuple[int, int] | None:
     if len(x) != 2:
         raise PttError(f"crop must be an int or (height, width), got {x!r}")
     return int(x[0]), int(x[1])
-
-
-def _dist_rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _maker(
@@ -336,11 +336,7 @@ def make_loader(
     shuffle = train if shuffle is None else shuffle
     drop_last = train if drop_last is None else drop_last
     maker = _maker(mode, _pair(crop), resize, scale, ratio, flip, backend, scaled_decode)
-    r0, w0 = _dist_rank_world()
-    rank = r0 if rank is None else rank
-    world = w0 if world_size is None else world_size
-    if not 0 <= rank < world:
-        raise PttError(f"rank must be in [0, world_size), got rank={rank}, world_size={world}.")
+    rank, world = rank_world(rank, world_size)
     from pytorchtricks.data.detection import refuse_detection
 
     if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
@@ -352,7 +348,7 @@ def make_loader(
         dataset = open_data(dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit, stream=order)
     refuse_detection(dataset, "make_loader")
     dev = torch.device(device) if device is not None else None
-    workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    workers = default_workers(num_workers)
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
         raise PttError(
             "make_loader reads the stored records (read_raw) and decodes, crops and flips them itself, so this "
