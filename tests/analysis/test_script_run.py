@@ -61,6 +61,7 @@ def test_run_splits_the_steps_and_captures_the_scripts_objects(photos, monkeypat
         "momentum": 0.9,
         "weight_decay": 1e-4,
         "nesterov": False,
+        "param_groups": [{"params": 62, "lr": 0.1, "weight_decay": 1e-4}],
     }
     # where the script builds what advice changes: the lines of train_planted.py
     lines = {k: (os.path.basename(v["file"]), v["line"]) for k, v in r.sites.items()}
@@ -438,3 +439,55 @@ def test_the_doctor_reads_a_detection_script_of_the_references_shape(coco_root, 
     run = json.loads(Path(tmp_path / "tune" / "results.jsonl").read_text().splitlines()[0])
     assert run["workload"]["task"] == "detection" and run["workload"]["model"] == "captured FasterRCNN"
     assert run["workload"]["device_step_ms"] == 60 and "6 images" in run["workload"]["data"]
+
+
+def test_a_trainer_that_builds_its_objects_through_factories_is_read_right(tmp_path, monkeypatch):
+    """Its optimizer is the one that steps (3 groups, their lr - not the defaults of a throwaway built and never
+    stepped), its model the one whose parameters that updates (not the EMA copy), its first batch a trained
+    forward's (not the stride probe under no_grad), its loader the repeating DataLoader subclass whose batches reach
+    the model (not the validation one); a step is one batch where the loop accumulates gradients."""
+    monkeypatch.chdir(tmp_path)
+    # 8 batches an epoch: the 9th step is the second epoch's first, after the validation loader ran
+    r = run_script(["python", str(SCRIPTS / "train_factory.py"), "--epochs", "3"], steps=8, warmup=1)
+    assert r.ended.startswith("stopped after 9 steps of one batch (4 optimizer step(s)")
+    assert len(r.steps) == 8
+    opt = r.optimizer
+    assert opt["class"] == "AdamW" and opt["lr"] == 0.001429
+    assert opt["weight_decay"] == [0.0005, 0.0, 0.0] and [g["params"] for g in opt["param_groups"]] == [
+        3,
+        1,
+        4,
+    ]
+    assert r.sites["optimizer"]["code"].startswith("return torch.optim.AdamW(")
+    assert r.model["class"] == "Detector" and r.input_shape == [4, 3, 64, 64]
+    assert r.captured["model"] is not None and r.captured["model"].training  # the trained one, not the EMA
+    train = r.loaders[0]
+    assert train["class"] == "RepeatingLoader" and train["batch_size"] == 4 and train["num_workers"] == 0
+    assert train["samples"] == 32 and [x["samples"] for x in r.loaders] == [32, 8]
+    assert r.lint and all(f["id"].startswith("PTL") for f in r.lint)  # lint ran at the real batch's shape
+    assert r.verdict != "unknown" and r.fix and f"over {len(r.steps)} steps" in r.evidence
+
+
+def test_a_console_script_runs_its_entry_point_in_process(tmp_path, monkeypatch):
+    """A command on PATH that is a console script of an installed package runs its entry point here (its steps
+    timed, its package's files the user's); a command that is not Python is refused with what to run instead."""
+    import shutil
+
+    pkg = tmp_path / "site" / "factorytrain"
+    pkg.mkdir(parents=True)
+    shutil.copy(SCRIPTS / "train_factory.py", pkg / "trainer.py")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("def main():\n    from factorytrain.trainer import main\n\n    main()\n")
+    info = tmp_path / "site" / "factorytrain-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: factorytrain\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nfactorytrain = factorytrain.cli:main\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.chdir(tmp_path)
+    r = run_script(["factorytrain", "--epochs", "3"], steps=3, warmup=1)
+    assert len(r.steps) >= 3 and r.optimizer["class"] == "AdamW" and r.model["class"] == "Detector"
+    assert r.sites["optimizer"]["file"] == str(pkg / "trainer.py")
+    with pytest.raises(PttError, match="cannot run it in its own process"):
+        run_script(["ls", "-l"])
+    with pytest.raises(PttError, match="no command of that name on PATH"):
+        run_script(["no-such-ptt-command-47"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,21 +60,36 @@ def _restore_torch_state(st: dict[str, Any]) -> None:
     torch.set_default_dtype(st["dtype"])
 
 
-def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunReport:
-    """Run ``argv`` (``["python", "train.py", ARGS...]``, ``["train.py", ...]`` or ``["-m", "pkg.mod", ...]``)
-    in this process, instrumented; returns the per-step split, the captured objects and the verdict."""
-    args = list(argv)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-    if not args:
-        raise PttError("give the command after --: ptt doctor run -- python train.py ARGS")
-    if steps < 1 or warmup < 0:
-        raise PttError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}.")
-    module = None
+@dataclass
+class _Target:
+    """What ``run_script`` runs: a script's path, a module (``-m``), or a console script's entry point."""
+
+    argv0: str  # sys.argv[0] as python (or the console script) sets it
+    args: list[str]
+    path: str | None = None  # the script (or -m module) file, run as __main__
+    module: str | None = None  # -m: the module runpy runs
+    entry: Any = None  # a console script: its importlib.metadata EntryPoint
+    files: set[str] = field(default_factory=set)  # the user's files and folders (sites, syncs)
+    roots: tuple[str, ...] = ()
+
+    def run(self) -> None:
+        if self.entry is not None:  # as the console script's wrapper does: sys.exit(entrypoint())
+            code = self.entry.load()()
+            if code not in (None, 0):
+                raise SystemExit(code)
+        elif self.module is not None:
+            runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(self.path), run_name="__main__")
+
+
+def _resolve(args: list[str]) -> _Target:
+    """``args`` (python's own arguments: ``train.py ARGS``, ``-m pkg ARGS``, or a command on PATH) as a ``_Target``;
+    ``PttError`` with the fix when it is none of them."""
     if args[0] == "-m":
         if len(args) < 2:
             raise PttError("-m needs a module name: ptt doctor run -- python -m pkg.train ARGS")
-        module, script_args = args[1], args[2:]
+        module = args[1]
         import importlib.util
 
         try:
@@ -85,34 +101,91 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
         path = spec.origin
         if spec.submodule_search_locations:  # a package: python -m runs its __main__
             path = os.path.join(os.path.dirname(path), "__main__.py")
-    else:
-        path, script_args = args[0], args[1:]
-        if not os.path.isfile(path):
-            raise PttError(f"{path}: no such script")
-    path = os.path.abspath(path)
-    rec = Recorder({path}, warmup, stop_after=warmup + steps, roots=(os.path.dirname(path),))
+        path = os.path.abspath(path)
+        return _Target(path, args[2:], path=path, module=module, files={path}, roots=(os.path.dirname(path),))
+    if os.path.isfile(args[0]):
+        path = os.path.abspath(args[0])
+        return _Target(path, args[1:], path=path, files={path}, roots=(os.path.dirname(path),))
+    if os.sep in args[0]:
+        raise PttError(f"{args[0]}: no such script")
+    return _console_script(args[0], args[1:])
+
+
+def _console_script(name: str, args: list[str]) -> _Target:
+    """A command on PATH (``yolo``, ``torchrun``): a console script of this Python's packages runs its entry
+    point in this process, its package's files counting as the user's (where it builds its loader, optimizer and
+    model); a Python script on PATH runs as a script; anything else cannot run in-process: ``PttError``."""
+    import shutil
+    from importlib import metadata
+
+    exe = shutil.which(name)
+    eps = [ep for ep in metadata.entry_points(group="console_scripts") if ep.name == name]
+    if eps:
+        ep = eps[0]
+        top = ep.value.split(":")[0].split(".")[0]
+        import importlib.util
+
+        spec = importlib.util.find_spec(top)
+        roots: tuple[str, ...] = ()
+        if spec is not None and spec.submodule_search_locations:
+            roots = tuple(os.path.abspath(p) for p in spec.submodule_search_locations)
+        elif spec is not None and spec.origin:
+            roots = (os.path.dirname(os.path.abspath(spec.origin)),)
+        return _Target(exe or name, args, entry=ep, roots=roots)
+    if exe is not None and _python_script(exe):
+        path = os.path.abspath(exe)
+        return _Target(path, args, path=path, files={path}, roots=(os.path.dirname(path),))
+    where = f"{exe} is not a Python script" if exe else "no such script, and no command of that name on PATH"
+    raise PttError(
+        f"{name}: {where} nor a console script of this Python's packages, so ptt doctor run cannot run it in its "
+        "own process (it times the Python that trains). Give the Python it starts: ptt doctor run -- python "
+        "train.py ARGS, or -- python -m pkg ARGS"
+    )
+
+
+def _python_script(path: str) -> bool:
+    """Is ``path`` a text file whose first line calls python (``#!/usr/bin/env python3``)?"""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunReport:
+    """Run ``argv`` (``["python", "train.py", ARGS...]``, ``["train.py", ...]``, ``["-m", "pkg.mod", ...]`` or a
+    console script on PATH, ``["yolo", "train", ...]``) in this process, instrumented; returns the per-step split,
+    the captured objects and the verdict."""
+    args = list(argv)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if not args:
+        raise PttError("give the command after --: ptt doctor run -- python train.py ARGS")
+    if steps < 1 or warmup < 0:
+        raise PttError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}.")
+    target = _resolve(args)
+    rec = Recorder(target.files, warmup, stop_after=warmup + steps, roots=target.roots)
     report = RunReport(argv=list(argv), warmup=warmup)
     old_argv, old_path, old_cwd = sys.argv, list(sys.path), os.getcwd()
     old_state = _torch_state()
-    sys.argv = [path, *script_args]
-    sys.path.insert(0, os.path.dirname(path))
+    sys.argv = [target.argv0, *target.args]
+    if target.path is not None:
+        sys.path.insert(0, os.path.dirname(target.path))
     rng = torch.random.fork_rng(devices=[])  # the script seeds as it likes; this process's RNG is given back
     rng.__enter__()
     try:
         with instrument(rec, sites=True):
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(path, run_name="__main__")
-        report.ended = f"the script ended after {rec.done} optimizer step(s)"
+            target.run()
+        report.ended = f"the script ended after {rec.steps_text()}"
     except StopRun:
-        report.ended = f"stopped after {rec.done} optimizer steps ({warmup} warm-up + {steps} measured)"
+        report.ended = f"stopped after {rec.steps_text('optimizer steps')} ({warmup} warm-up + {len(rec.records)} measured)"
     except Exception as exc:
         if not is_shm_failure(exc):
             raise
         said = "; ".join(x["text"] for x in rec.shm.values() if x is not None and not x["fits"])
         raise PttError(
-            f"the script's DataLoader ran out of shared memory (/dev/shm) after {rec.done} optimizer step(s): "
+            f"the script's DataLoader ran out of shared memory (/dev/shm) after {rec.steps_text()}: "
             f"{exc}. {said or SHM_FIX}"
         ) from exc
     except SystemExit as exc:
@@ -120,13 +193,13 @@ def run_script(argv: list[str], *, steps: int = 10, warmup: int = 2) -> RunRepor
             raise PttError(
                 f"the script exited with status {exc.code} before its first measured step"
             ) from None
-        report.ended = f"the script exited after {rec.done} optimizer step(s)"
+        report.ended = f"the script exited after {rec.steps_text()}"
     finally:
         sys.argv, sys.path[:] = old_argv, old_path
         os.chdir(old_cwd)
         _restore_torch_state(old_state)
         rng.__exit__(None, None, None)
-    report.script = path
+    report.script = target.path or target.argv0
     collect(rec, report)
     lint_model(report)
     return report
@@ -184,7 +257,10 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
             "the run captured no model, optimizer or input batch (did the script reach its first optimizer step?)"
         )
     keep = ("lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "dampening", "alpha")
-    hp = {k: v for k, v in opt.defaults.items() if k in keep and v is not None}
+    # what it steps with: its largest parameter group's values (a trainer that gives each group its own lr
+    # leaves the constructor's defaults unused)
+    main = max(opt.param_groups, key=lambda g: sum(p.numel() for p in g["params"]))
+    hp = {k: v for k, v in main.items() if k in keep and v is not None}
     ds = r.captured.get("dataset")
     if r.model.get("task") == "detection":
         return _detection_arguments(r, model, (type(opt).__name__.lower(), hp), ds)

@@ -2,10 +2,15 @@
 
 Both ``ptt doctor run`` (the user's unmodified script) and ``ptt.watch`` (inside the user's own loop) install it:
 
-- optimizer steps: the global optimizer step pre/post hooks - a step ends at each ``optimizer.step()``;
+- steps: the global optimizer step pre/post hooks - a step ends at each ``optimizer.step()``, or, in a loop that
+  accumulates gradients over several batches, when the next batch is drawn after a backward (a step is one batch);
 - forward: the global module forward pre/post hooks, timed on the outermost module call;
 - backward: ``Tensor.backward`` / ``torch.autograd.backward``, timed;
-- data wait: the time inside ``next()`` of every DataLoader iterator; the loaders' settings are recorded;
+- data wait: the time inside ``next()`` of every DataLoader iterator, however it was made (``iter(loader)``, a
+  subclass's own ``__iter__``, an iterable wrapped around the loader); the loaders' settings are recorded;
+- which objects are the loop's: the optimizer that took the most steps, the model whose parameters it updates,
+  the loader drawn from in the most trained steps, the model's first input of a trained forward (grad enabled,
+  after a loader batch was drawn: a stride probe or a warm-up under ``no_grad`` is not the first batch);
 - host syncs: ``Tensor.item`` / ``cpu`` / ``numpy`` / ``tolist`` called from the user's own files, counted per
   source line;
 - where the script built its loader, optimizer and model, and where it calls backward (file:line), so that advice
@@ -41,6 +46,8 @@ __all__ = [
     "collect",
     "instrument",
     "lint_model",
+    "optimizer_settings",
+    "optimizer_text",
     "transform_settings",
     "verdict",
 ]
@@ -97,8 +104,8 @@ class RunReport:
 
 
 class Recorder:
-    """The hooks' state. ``files``: the user's source files, ``roots``: folders whose files (outside
-    site-packages) are the user's too - syncs and sites are counted from them only;
+    """The hooks' state. ``files``: the user's source files, ``roots``: folders whose files (not in a
+    site-packages below the folder) are the user's too - syncs and sites are counted from them only;
     ``model`` / ``optimizer`` / ``loader``: when given, only these are timed (``ptt.watch``); ``stop_after``:
     raise ``StopRun`` after that many optimizer steps (``ptt doctor run``)."""
 
@@ -144,6 +151,12 @@ class Recorder:
         self.outputs: dict[int, list[str]] = {}  # a model that returns a dict (a detector's losses): its keys
         self.annotations: dict[int, str] = {}  # a CocoDetection's id -> the annotation file it was built from
         self.meter: CpuMeter | None = CpuMeter().__enter__() if warmup == 0 else None
+        self.opt_steps: Counter[int] = Counter()  # optimizer id -> steps it took
+        self.backwards = 0  # backward calls in the step under way
+        self.drawn: set[int] = set()  # loaders drawn from in the step under way
+        self.step_draws: Counter[int] = Counter()  # loader id -> trained steps (with a backward) it fed
+        self.any_drawn = False  # a loader batch has been drawn: forwards before it are probes
+        self.shape_rank: dict[int, int] = {}  # model id -> how trustworthy its recorded first input is (0-2)
         self.cpu: CpuUse | None = None
         self.cpu_steps = 0
 
@@ -159,7 +172,8 @@ class Recorder:
         if hit is None:
             path = os.path.abspath(filename)
             hit = path in self.files or (
-                path.startswith(self.roots) and "site-packages" not in path and path.endswith(".py")
+                path.endswith(".py")
+                and any(path.startswith(r) and "site-packages" not in path[len(r) :] for r in self.roots)
             )
             self._mine[filename] = hit
         return hit
@@ -212,18 +226,30 @@ class Recorder:
                 self.fwd_start = now_s()
                 if any(True for _ in module.parameters()):
                     self.models.setdefault(id(module), module)
-                    x: Any = args[0] if args else None
-                    if id(module) not in self.shapes and isinstance(x, torch.Tensor):
-                        self.shapes[id(module)] = list(x.shape)
-                        self.site("call", module, first=True)
-                    elif id(module) not in self.shapes and _tensor_list(x):  # a detector: a list of images
-                        self.shapes[id(module)] = [
-                            len(x),
-                            *(max(t.shape[d] for t in x) for d in range(x[0].dim())),
-                        ]
-                        self.list_inputs[id(module)] = [list(t.shape) for t in x]
-                        self.site("call", module, first=True)
+                    self.first_input(module, args[0] if args else None)
         self.depth += 1
+
+    def first_input(self, module: Any, x: Any) -> None:
+        """Record ``x`` as ``module``'s first input unless a more trustworthy one is recorded: a trained forward
+        (grad enabled, after a loader batch was drawn) outranks a forward with grad before any batch (a warm-up),
+        which outranks one without grad (a stride probe, ``model.info()``). A dict (a trainer's batch) gives its
+        largest tensor."""
+        grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        rank = 2 if grad and self.any_drawn else 1 if grad else 0
+        if rank <= self.shape_rank.get(id(module), -1):
+            return
+        if isinstance(x, dict):
+            x = max((t for t in x.values() if isinstance(t, torch.Tensor)), key=torch.numel, default=None)
+        if isinstance(x, torch.Tensor):
+            self.shapes[id(module)] = list(x.shape)
+            self.list_inputs.pop(id(module), None)
+        elif _tensor_list(x):  # a detector: a list of images
+            self.shapes[id(module)] = [len(x), *(max(t.shape[d] for t in x) for d in range(x[0].dim()))]
+            self.list_inputs[id(module)] = [list(t.shape) for t in x]
+        else:
+            return
+        self.shape_rank[id(module)] = rank
+        self.site("call", module)
 
     def forward_post(self, module: Any, args: Any, out: Any) -> None:
         if (
@@ -252,6 +278,24 @@ class Recorder:
             return
         t = now_s()
         self.cur["optimizer"] += t - self.opt_start
+        self.opt_steps[id(opt)] += 1
+        self.close(t)
+
+    def draw(self, it: Any) -> None:
+        """A tracked loader iterator is about to give a batch: in a loop that accumulates gradients (a backward
+        since the last step ended, no optimizer step yet) the step ended here - one step is one batch."""
+        loader = self.iters.get(id(it))
+        if self.backwards:
+            self.close(now_s())
+        self.any_drawn = True
+        if loader is not None:
+            self.drawn.add(id(loader))
+
+    def close(self, t: float) -> None:
+        """End the step under way at ``t``: keep it if measured; ``StopRun`` after the last one."""
+        if self.backwards:
+            self.step_draws.update(self.drawn)
+        self.backwards, self.drawn = 0, set()
         total = t - self.start
         timed = sum(self.cur[s] for s in STAGES if s != "other")
         self.cur["other"] = max(0.0, total - timed)
@@ -260,18 +304,31 @@ class Recorder:
             self.syncs += self.step_syncs
         self.done += 1
         self.step_syncs = Counter()
-        if self.stop_after is not None and self.done >= self.stop_after:
+        # a loop that accumulates gradients runs on to its first optimizer step: that is how the run knows which
+        # optimizer (and so which model) is the loop's
+        if self.stop_after is not None and self.done >= self.stop_after and self.opt_steps:
             self.stop_meter()
             raise StopRun()
         if self.done == self.warmup and self.meter is None:  # the measured steps start now
             self.meter = CpuMeter().__enter__()
         self.restart()
 
+    def steps_text(self, unit: str = "optimizer step(s)") -> str:
+        """``N optimizer step(s)``, or in a loop that accumulates gradients ``N steps of one batch (K optimizer
+        step(s): ...)``."""
+        k = sum(self.opt_steps.values())
+        if k == self.done:
+            return f"{self.done} {unit}"
+        return f"{self.done} steps of one batch ({k} optimizer step(s): the loop accumulates gradients)"
+
     def stop_meter(self) -> None:
         """End the CPU accounting at the last measured step (``collect`` calls it too: a script that ended)."""
         if self.meter is not None and self.cpu is None:
             self.meter.__exit__(None, None, None)
             self.cpu, self.cpu_steps = self.meter.result, len(self.records)
+
+    def count_backward(self) -> None:
+        self.backwards += 1
 
     def timed(self, stage: str, fn: Any, keep: Any = None) -> Any:
         """``fn`` timed into ``stage``; nested calls count once (``Tensor.backward`` calls ``autograd.backward``).
@@ -283,6 +340,9 @@ class Recorder:
                 return fn(*args, **kwargs)
             if stage == "backward":
                 rec.site("backward", None, first=True)
+                rec.count_backward()
+            elif stage == "data wait":
+                rec.draw(args[0])
             rec.inside[stage] = True
             t = now_s()
             try:
@@ -329,17 +389,26 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
     ]
     base_iter = dl._BaseDataLoaderIter
     orig_iter = dl.DataLoader.__iter__
+    orig_iter_init = base_iter.__init__
+
+    def check_shm(loader: Any) -> None:
+        if (rec.only_loader is None or loader is rec.only_loader) and id(loader) not in rec.shm:
+            rec.shm[id(loader)] = shm = dataloader_shm(loader)  # before its workers start: they may not
+            if shm is not None and not shm["fits"]:
+                warnings.warn(f"ptt: a DataLoader of this run: {shm['text']}.", PttWarning, stacklevel=3)
 
     def loader_iter(self: Any) -> Any:
-        if (rec.only_loader is None or self is rec.only_loader) and id(self) not in rec.shm:
-            rec.shm[id(self)] = shm = dataloader_shm(self)  # before its workers start: they may not
-            if shm is not None and not shm["fits"]:
-                warnings.warn(f"ptt: a DataLoader of this run: {shm['text']}.", PttWarning, stacklevel=2)
-        it = orig_iter(self)
-        if rec.only_loader is None or self is rec.only_loader:
-            rec.loaders.setdefault(id(self), self)
-            rec.iters[id(it)] = self
-        return it
+        check_shm(self)
+        return orig_iter(self)
+
+    def iter_init(self: Any, loader: Any) -> None:
+        # every iterator of a DataLoader starts here, also one a subclass makes in its own __iter__ (a repeating
+        # loader's ``_get_iterator()``) - and before its workers start
+        check_shm(loader)
+        orig_iter_init(self, loader)
+        if rec.only_loader is None or loader is rec.only_loader:
+            rec.loaders.setdefault(id(loader), loader)
+            rec.iters[id(self)] = loader
 
     patch(
         base_iter,
@@ -347,6 +416,7 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
         rec.timed("data wait", base_iter.__next__, keep=lambda a: id(a[0]) in rec.iters),
     )
     patch(dl.DataLoader, "__iter__", loader_iter)
+    patch(base_iter, "__init__", iter_init)
     patch(torch.Tensor, "backward", rec.timed("backward", torch.Tensor.backward))
     patch(torch.autograd, "backward", rec.timed("backward", torch.autograd.backward))
     for name in ("item", "cpu", "numpy", "tolist"):
@@ -585,6 +655,7 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         transform = None
     return {
         "via": via,
+        "class": type(loader).__name__,  # a DataLoader subclass (a trainer's repeating loader) is named
         "dataset": type(ds).__name__ + "".join(f" in {w}" for w in reversed(wrappers)),
         "task": "detection" if type(ds).__name__ in DETECTION_DATASETS else "classification",
         "batch_sampler": sampler,
@@ -605,14 +676,26 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
     """Fill ``report`` from what ``rec`` saw (steps, loaders, model, optimizer, syncs, sites, peak RSS), then the
     verdict."""
     report.steps = rec.records
-    report.loaders = [loader_settings(x) for x in rec.loaders.values()]
-    for settings, x in zip(report.loaders, rec.loaders.values(), strict=True):
+    # the loader that fed the most trained steps first: the one whose batches reach the model
+    loaders = sorted(rec.loaders.values(), key=lambda x: -rec.step_draws[id(x)])
+    report.loaders = [loader_settings(x) for x in loaders]
+    for settings, x in zip(report.loaders, loaders, strict=True):
         settings["shm"] = rec.shm.get(id(x))
         ann = rec.annotations.get(id(inner_dataset(x.dataset)[0]))
         if ann is not None:
             settings["annotations"] = ann
+    # the optimizer that took the most steps (a throwaway one built and never stepped is not it), and the model
+    # whose parameters it updates (not a copy that a profiler or an EMA runs)
+    o = max(rec.optimizers.values(), key=lambda x: rec.opt_steps[id(x)], default=None)
+    stepped = {id(p) for g in o.param_groups for p in g["params"]} if o is not None else set()
     if rec.models:
-        m = max(rec.models.values(), key=lambda mod: sum(p.numel() for p in mod.parameters()))
+        m = max(
+            rec.models.values(),
+            key=lambda mod: (
+                sum(id(p) in stepped for p in mod.parameters()),
+                sum(p.numel() for p in mod.parameters()),
+            ),
+        )
         report.model = {"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters())}
         report.input_shape = rec.shapes.get(id(m), [])
         report.input_list = rec.list_inputs.get(id(m), [])
@@ -625,16 +708,13 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
         for kind in ("model", "call"):
             if (kind, id(m)) in rec.sites:
                 report.sites[kind] = rec.sites[(kind, id(m))]
-    if rec.optimizers:
-        o = next(iter(rec.optimizers.values()))
-        hp = {k: v for k, v in o.defaults.items() if isinstance(v, int | float | bool) and k in ("lr", "momentum",
-              "weight_decay", "nesterov", "foreach", "fused")}  # fmt: skip
-        report.optimizer = {"class": type(o).__name__, **hp}
+    if o is not None:
+        report.optimizer = optimizer_settings(o)
         report.captured["optimizer"] = o
         if ("optimizer", id(o)) in rec.sites:
             report.sites["optimizer"] = rec.sites[("optimizer", id(o))]
-    if rec.loaders:
-        first = next(iter(rec.loaders.values()))
+    if loaders:
+        first = loaders[0]
         report.captured["loader"] = first
         ds = first.dataset
         report.captured["dataset"] = getattr(ds, "dataset", ds)  # make_loader's BatchDataset wraps the user's
@@ -658,6 +738,45 @@ def collect(rec: Recorder, report: RunReport) -> RunReport:
         report.peak_rss_bytes = None
     verdict(report)
     return report
+
+
+_HYPER = ("lr", "momentum", "weight_decay", "nesterov", "foreach", "fused")
+
+
+def optimizer_settings(opt: Any) -> dict[str, Any]:
+    """An optimizer's class, its hyper-parameters as its parameter groups hold them (what it steps with: a
+    trainer that passes each group its own lr leaves the constructor's defaults unused) - one value where the
+    groups agree, a list of one per group where they differ - and its groups: ``[{params, lr, weight_decay}]``."""
+    groups = opt.param_groups
+    out: dict[str, Any] = {"class": type(opt).__name__}
+    for k in _HYPER:
+        vals = [g.get(k) for g in groups]
+        if all(isinstance(v, int | float | bool) for v in vals):
+            out[k] = vals[0] if all(v == vals[0] for v in vals) else vals
+    out["param_groups"] = [
+        {"params": sum(1 for _ in g["params"]), **{k: g[k] for k in ("lr", "weight_decay") if k in g}}
+        for g in groups
+    ]
+    return out
+
+
+def optimizer_text(settings: dict[str, Any]) -> str:
+    """``optimizer_settings`` as a person reads it: ``AdamW, lr 0.001429, 3 parameter groups (64 params: lr ...,
+    weight_decay 0.0005; ...)``."""
+
+    def num(v: Any) -> str:
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    groups = settings.get("param_groups") or []
+    head = [str(settings.get("class", "?"))]
+    head += [f"{k}={num(v)}" for k, v in settings.items() if k in _HYPER and not isinstance(v, list)]
+    if len(groups) > 1:
+        each = [
+            f"{g['params']} params: " + ", ".join(f"{k} {num(v)}" for k, v in g.items() if k != "params")
+            for g in groups
+        ]
+        head.append(f"{len(groups)} parameter groups ({'; '.join(each)})")
+    return ", ".join(head)
 
 
 def lint_model(report: RunReport) -> None:

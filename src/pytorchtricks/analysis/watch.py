@@ -51,7 +51,7 @@ class Watch(contextlib.ContextDecorator):
     def __exit__(self, *exc: object) -> None:
         rec, stack = self._stack.pop()
         stack.close()
-        ended = f"the block ended after {rec.done} optimizer step(s)"
+        ended = f"the block ended after {rec.steps_text()}"
         self.report = collect(rec, RunReport(argv=["ptt.watch"], warmup=self.warmup, ended=ended))
 
     def summary(self) -> str:

@@ -87,6 +87,7 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pytorchtricks.analysis.script_run import STAGES, compare_runs, read_summary, run_script, write_run
+    from pytorchtricks.analysis.step_split import optimizer_text
 
     command = args.run_command[1:] if args.run_command[:1] == ["--"] else args.run_command
     earlier = read_summary(args.compare) if args.compare is not None else None  # said before the script runs
@@ -108,7 +109,9 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
 
     for i, x in enumerate(r.loaders):
         console.print(
-            f"loader{at('loader') if i == 0 else ''}: {x['via']} over {x['dataset']} ({x['samples']} samples), "
+            f"loader{at('loader') if i == 0 else ''}: {x['via']}"
+            + (f" ({x['class']})" if x.get("class") not in (None, "DataLoader") else "")
+            + f" over {x['dataset']} ({x['samples']} samples), "
             f"batch {x['batch_size']}"
             + (f" (from its {x['batch_sampler']})" if x.get("batch_sampler") else "")
             + (f", policy {x['policy']}" if x.get("policy") else "")
@@ -132,7 +135,7 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
         )
     if r.optimizer:
         console.print(
-            f"optimizer{at('optimizer')}: " + ", ".join(f"{k}={v}" for k, v in r.optimizer.items()),
+            f"optimizer{at('optimizer')}: {optimizer_text(r.optimizer)}",
             highlight=False,
         )
     for where, n in r.syncs[:5]:
