@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -170,6 +170,12 @@ DET_IMAGES ?= 120
 DET_ROUNDS ?= 3
 bench-detection-data: setup system-deps peers-env
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/detection_data.py --images $(DET_IMAGES) --rounds $(DET_ROUNDS) --out $(RESULTS)
+
+# What holding batches in flight costs: reused /dev/shm slots at prefetch 2 and 1 (a small /dev/shm's plan), anonymous
+# memory files (its fallback), a fresh buffer per batch, torchvision's DataLoader; alone and beside a device step,
+# interleaved -> $(RESULTS)/loader_shm.*
+bench-loader-shm: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/loader_shm.py --out $(RESULTS)
 
 # ptt doctor run --tune on torchvision's detection reference, unmodified (not vendored: REFS=a checkout of
 # pytorch/vision's references/detection) over the built-in photos with boxes -> $(RESULTS)/doctor-reference/.

@@ -12,6 +12,7 @@ Caveats: batches are ``DetectionBatch(images uint8 [N,3,H,W] padded, sizes, targ
 ``sizes[i]`` and normalise on the device. Pixels differ from a full decode + resize by the DCT-scaled decode
 (>= 30 dB PSNR, tested against torchvision v2 with the same random parameters; boxes within 1e-3 px). Mosaic is not
 provided. Each sample's randomness depends only on (seed, epoch, index): the same batches at any worker or rank count.
+The batches in flight are planned to fit /dev/shm before the workers start (``data.shm``, as ``make_loader``).
 See also: make_loader (classification), pack (detection roots pack with their boxes), open_detection; 预处理提速.
 
 The machinery is ``make_loader``'s: whole batches built inside workers, in shared memory (no copy on hand-over;

@@ -11,7 +11,9 @@ Caveats: batches are uint8 with NCHW shape stored channels_last (no transpose co
 (prefetch_to_device). Each sample's randomness depends only on (seed, epoch, index), so results do not change with
 num_workers or rank count. drop_last=True (training's default) warns once with how many samples it drops per
 epoch; with drop_last=False ranks may get one batch more or less (DDP needs equal step counts: keep it True there).
-pin_memory is on only for a CUDA target: measure it (autotune_loader).
+pin_memory is on only for a CUDA target: measure it (autotune_loader). The workers' batches in flight are planned
+before they start to fit /dev/shm (a container's is 64 MB): fewer per worker, else anonymous memory files, else a
+ShmError with the fixes (``data.shm``; what changed is said in a PttWarning).
 See also: cache_in_ram, prefetch_to_device, autotune_loader, doctor_data; 预处理提速 / IO 提速.
 """
 
