@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -117,6 +117,14 @@ RESULTS ?= results/$(CPU_CLASS)
 # 10,000 distinct real-photo JPEGs (wallpaper crops, fixed seed) in data/photos/<class>/ for tests and benchmarks.
 data: setup system-deps
 	$(PY) -m pytorchtricks.data.photoset data/photos --count 10000
+
+# A learnable detection set: Fashion-MNIST items pasted on wallpaper crops (10 classes, COCO + YOLO layouts,
+# train/val, fixed seed, parameters in its ptt-set.json) in data/detection-set/. Other parameters, e.g.
+# `make detection-set DETECTION_SET_ARGS="--train 2000 --long-side native" DETECTION_SET=data/detection-set-hires`.
+DETECTION_SET ?= data/detection-set
+DETECTION_SET_ARGS ?=
+detection-set: setup system-deps
+	$(PY) -m pytorchtricks.data.detection_set $(DETECTION_SET) $(DETECTION_SET_ARGS)
 
 # Pack throughput / storage overhead per format, random reads, decode img/s per backend -> $(RESULTS)/.
 bench-pack: setup data

@@ -25,6 +25,18 @@ from pytorchtricks.core import PttError, cache_root
 
 DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530  # training-set pixel statistics (0..1 scale)
+CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -47,8 +59,9 @@ def _read_idx(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def load(split: str = "train", root: str = DEFAULT_ROOT) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(images, labels)``: images normalised float32 ``(N, 1, 28, 28)``, labels int64 ``(N,)``."""
+def load_uint8(split: str = "train", root: str = DEFAULT_ROOT) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, labels)`` as stored: uint8 ``(N, 28, 28)`` (0 = background, bright = garment), int64 ``(N,)``
+    indexing ``CLASSES``."""
     if split not in _FILES:
         raise PttError(f"unknown split {split!r}; use 'train' or 'test'.")
     if not available(root):
@@ -56,9 +69,14 @@ def load(split: str = "train", root: str = DEFAULT_ROOT) -> tuple[torch.Tensor, 
             f"Fashion-MNIST not found under {root}; install it with `apt-get install dataset-fashion-mnist`."
         )
     img_f, lab_f = _FILES[split]
-    images = torch.from_numpy(_read_idx(os.path.join(root, img_f)).copy()).float().div_(255.0)
-    labels = torch.from_numpy(_read_idx(os.path.join(root, lab_f)).astype(np.int64))
-    return images.sub_(MEAN).div_(STD).unsqueeze(1), labels
+    return _read_idx(os.path.join(root, img_f)), _read_idx(os.path.join(root, lab_f)).astype(np.int64)
+
+
+def load(split: str = "train", root: str = DEFAULT_ROOT) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images, labels)``: images normalised float32 ``(N, 1, 28, 28)``, labels int64 ``(N,)``."""
+    raw, lab = load_uint8(split, root)
+    images = torch.from_numpy(raw.copy()).float().div_(255.0)
+    return images.sub_(MEAN).div_(STD).unsqueeze(1), torch.from_numpy(lab)
 
 
 def evaluate(

@@ -51,18 +51,21 @@ def wallpaper_sources() -> list[tuple[str, str]]:
     return found
 
 
-def _load_source(path: str, native: bool = False) -> Any:
+def load_source(path: str, long_side: int | None = _WORK_LONG_SIDE) -> Any:
+    """A wallpaper photo as an RGB PIL image, decoded DCT-scaled (``draft``) to the smallest scale whose long side is
+    at least ``long_side`` (never upscaled); ``None``: the native resolution."""
     from PIL import Image
 
     img = Image.open(path)
     w, h = img.size
-    f = _WORK_LONG_SIDE / max(w, h)
-    if f < 1 and not native:
+    f = 1.0 if long_side is None else long_side / max(w, h)
+    if f < 1:
         img.draft("RGB", (int(w * f), int(h * f)))
     return img.convert("RGB")
 
 
-def _megapixels(path: str) -> float:
+def megapixels(path: str) -> float:
+    """The photo's size in megapixels, from its header."""
     from PIL import Image
 
     with Image.open(path) as img:
@@ -102,7 +105,8 @@ def _make_one(img: Any, seed: int, index: int, min_mp: float | None = None) -> b
     return buf.getvalue()
 
 
-def _write_atomic(path: str, data: bytes) -> None:
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -120,9 +124,9 @@ def _job(args: tuple[str, str, str, int, list[int], float | None]) -> list[tuple
                 out.append((i, hashlib.sha256(fh.read()).hexdigest()))
             continue
         if img is None:
-            img = _load_source(src, native=min_mp is not None)
+            img = load_source(src, None if min_mp is not None else _WORK_LONG_SIDE)
         data = _make_one(img, seed, i, min_mp)
-        _write_atomic(path, data)
+        write_atomic(path, data)
         out.append((i, hashlib.sha256(data).hexdigest()))
     return out
 
@@ -168,7 +172,7 @@ def build_photo_set(
             "(lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mate-backgrounds plasma-workspace-wallpapers)."
         )
     if min_mp is not None:
-        sources = [(c, p) for c, p in sources if _megapixels(p) >= min_mp]
+        sources = [(c, p) for c, p in sources if megapixels(p) >= min_mp]
         if not sources:
             raise PttError(f"no installed wallpaper photo has {min_mp} megapixels; lower min_mp.")
     if max_sources is not None:  # round robin over the classes, so every class keeps some photos
@@ -204,7 +208,7 @@ def build_photo_set(
         ],
         "digest": hashlib.sha256("".join(digests[i] for i in sorted(digests)).encode()).hexdigest(),
     }
-    _write_atomic(marker, json.dumps(summary, indent=1, sort_keys=True).encode())
+    write_atomic(marker, json.dumps(summary, indent=1, sort_keys=True).encode())
     return summary
 
 
