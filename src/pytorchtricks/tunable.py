@@ -128,9 +128,15 @@ class TuneSetup:
     Step side (memory): ``micro_batches`` (K: the batch is split into K micro-batches, one optimizer step per
     batch) with ``accumulate(model, optimizer, precision)`` building the object whose ``backward(loss, weight=)``
     accumulates them (e.g. ``ptt.accumulate_gradients``); ``activation_budget_bytes``: what the activations of one
-    micro-batch may take in a memory search (the budget less params, grads and optimizer state; None: no budget),
+    micro-batch may take in a memory search (the budget less what the step holds beside them: params, buffers,
+    grads, optimizer state and the step's input batch; None: no budget),
     for a hook that plans to a budget (a checkpoint planner). ``task``: the workload's (``"classification"`` or
     ``"detection"``: the model is a torchvision detector taking lists of images and targets).
+    ``batch_of(n)``: the workload's first ``n`` samples as the step takes them (a float batch on the device), for a
+    hook that plans on the workload's own batch (a checkpoint planner: on one micro-batch); None where tune has
+    none to give (a detector: ``example`` is its images and targets). ``memo``: one dict for the whole run, shared
+    by every configuration's setup, where a hook keeps what it worked out once under its own key (a checkpoint
+    plan for this model, micro-batch and budget, put again on each fresh model copy instead of measured again).
     """
 
     model: Any
@@ -158,6 +164,8 @@ class TuneSetup:
     activation_budget_bytes: int | None = None
     task: str = "classification"
     max_size: int | None = None  # detection: the long side's cap of the detector's resize (its transform's)
+    batch_of: Callable[[int], Any] | None = None
+    memo: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def micro_batch_size(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -263,3 +264,66 @@ def test_an_exact_configuration_that_fits_is_recommended_over_a_faster_one_with_
         c.status = Status.MEASURING
     tm._choose(SimpleNamespace(batch_size=8), res, search, "speed", Deadline(600))
     assert search.recommended == ("accumulate_gradients[4]",)
+
+
+@pytest.mark.isa  # peaks are the kernels' allocations: make test runs it again limited to AVX2
+def test_the_checkpoint_candidate_is_planned_to_the_budget_on_the_workloads_own_batch(
+    models_file, monkeypatch
+):
+    """The checkpoint hook plans on the workload's micro-batch itself (not a few samples scaled up), to what the
+    step's budget leaves the activations, once per run: every configuration's fresh model copy gets the same
+    plan. A plan within that activation budget gives a step within the step's budget."""
+    import pytorchtricks.tricks.loop.checkpoint_activations as ca
+    from pytorchtricks.tunable import TuneSkip
+    from pytorchtricks.tune.memory import _input_bytes, _static_bytes, activation_budget
+
+    w = build_workload(f"{models_file}:bn_chain", "synthetic", batch_size=16, input_size=32)
+    batches = stage_batches(w, 2)
+    x = Runner(w, (), loader=False).prepare(w.example_batch(16)[0])
+    lowest = ca.checkpoint_plan(
+        ca.checkpoint_activations_(w.model_factory(), budget="min", example_inputs=(x,))
+    )
+    # reachable, and below the untreated peak
+    act = (lowest.measured_peak_bytes + lowest.untreated_peak_bytes) // 2
+    budget = _static_bytes(w) + _input_bytes(w) + act  # the step's budget that leaves the activations ``act``
+    assert _input_bytes(w) == x.numel() * x.element_size() and activation_budget(w, budget) == act
+    w.run.activation_budget_bytes = act
+
+    planned: list[tuple[int, int | None]] = []
+    real = ca.make_plan
+
+    def spy(model, plan, args, kwargs, **kw):
+        planned.append((len(args[0]), plan.budget_bytes))
+        return real(model, plan, args, kwargs, **kw)
+
+    monkeypatch.setattr(ca, "make_plan", spy)
+    notes: list[str] = []
+    peak, _, _, err = measure_peak(w, ("checkpoint_activations",), batches, notes)
+    assert planned == [(16, act)], planned  # the whole batch, to the activation budget
+    assert "on 16 samples, the batch" in notes[0]
+    assert not err and peak <= budget, (peak, budget, notes)  # the step fits the step's budget
+    # a fresh model copy of the same configuration takes the plan made once, without measuring it again
+    first = Runner(w, ("checkpoint_activations",), loader=False)
+    again = Runner(w, ("checkpoint_activations", "fast_optimizer"), loader=False)
+    try:
+        assert planned == [(16, act)]
+        p1, p2 = ca.checkpoint_plan(first.model), ca.checkpoint_plan(again.model)
+        assert p1.regions and p2.regions == p1.regions and p2.measured_peak_bytes <= act
+        wrapped = [
+            n
+            for n, m in again.model.named_modules()
+            if "_ptt_region" in m.__dict__ or "_ptt_traced" in m.__dict__
+        ]
+        assert wrapped  # the regions are put on this copy's own modules
+    finally:
+        first.close()
+        again.close()
+    # with accumulation, on one micro-batch of 8 (the same activation budget: a micro-batch's; half the batch may
+    # fit it without checkpointing, which is the configuration without it)
+    with contextlib.suppress(TuneSkip):
+        Runner(w, ("accumulate_gradients[2]", "checkpoint_activations"), loader=False).close()
+    assert planned[-1] == (8, act)
+    # a budget the activations meet without checkpointing: the configuration is the one without it
+    w.run.activation_budget_bytes = 4 * lowest.untreated_peak_bytes
+    with pytest.raises(TuneSkip, match="without checkpointing"):
+        Runner(w, ("checkpoint_activations",), loader=False)

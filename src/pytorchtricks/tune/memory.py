@@ -9,7 +9,8 @@ Flow (after the diagnosis; the batch stays the user's: only an accumulation hook
      ``ptt.estimate_memory`` on its own treated model - one probe step on a few samples, the batch-dependent part
      scaled to the micro-batch; the estimate's error is measured on the baseline, and a configuration predicted
      above the budget by more than that error (+ ``PREDICT_MARGIN``) is not run (on a GPU: what keeps tune itself
-     from running out of memory);
+     from running out of memory); nor is one holding a configuration that may fit already where what it adds saves
+     memory only (it would not be measured: building it costs its plans);
   3. measure: the configurations that may fit, fewest tricks first (a superset of one that fits is run only when
      its extra trick also gains speed), each's peak (bytes resident between steps + the step's own peak;
      CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, reserved bytes too; an out-of-memory error
@@ -18,8 +19,9 @@ Flow (after the diagnosis; the batch stays the user's: only an accumulation hook
      order - of two micro-batch splits the smaller), among those whose update equals the whole batch's when one
      fits (an accumulation with BatchNorm in train mode normalises each micro-batch by its own statistics: it stays
      on the frontier with that caveat, recommended only when nothing exact fits); a checkpoint hook plans its
-     regions to what the budget leaves the activations (``TuneSetup.activation_budget_bytes``) and its plan is
-     kept with the point (``MemoryPoint.detail``);
+     regions on the workload's own micro-batch to what the budget leaves the activations
+     (``activation_budget``: the budget less the parameters, buffers, gradients, optimizer state and the step's
+     input batch), once per run (``TuneSetup.memo``), and its plan is kept with the point (``MemoryPoint.detail``);
      ``--goal memory`` without a budget: the smallest peak within ``SPEED_SLACK`` of the best speed. Its check
      is repeated on the whole batch (the acceptance of an accumulation is the update of *that* batch).
 
@@ -283,6 +285,14 @@ def configurations(names: list[str]) -> list[tuple[str, ...]]:
     return out[:MAX_CONFIGS]
 
 
+def _covered(tricks: tuple[str, ...], maybe: list[MemoryPoint]) -> MemoryPoint | None:
+    """The first of ``maybe`` (configurations that may fit) that is a proper subset of ``tricks`` where what
+    ``tricks`` adds to them saves memory only (None: no such subset, or the extra tricks gain speed too)."""
+    subsets = [q for q in maybe if set(q.tricks) < set(tricks)]
+    extra_speed = all("speed" in by_name(t).gains for q in subsets for t in set(tricks) - set(q.tricks))
+    return None if not subsets or extra_speed else subsets[0]
+
+
 def _to_measure(points: list[MemoryPoint], budget: int | None) -> list[MemoryPoint]:
     """Which predicted points to measure: with a budget, those that may fit and have no proper subset that may
     fit - unless the extra tricks gain speed too (a fused optimizer on top); without one, all (fewest first)."""
@@ -291,13 +301,12 @@ def _to_measure(points: list[MemoryPoint], budget: int | None) -> list[MemoryPoi
         return maybe  # no predictions (a detector): every one may fit, ``_measure`` skips what a measured fit covers
     picked: list[MemoryPoint] = []
     for p in maybe:
-        subsets = [q for q in picked if set(q.tricks) < set(p.tricks)]
-        extra_speed = all("speed" in by_name(t).gains for q in subsets for t in set(p.tricks) - set(q.tricks))
-        if not subsets or extra_speed:
+        covered = _covered(p.tricks, picked)
+        if covered is None:
             picked.append(p)
         else:
             p.status = "not run"
-            p.reason = f"{subsets[0].label} may fit already: what this adds to it saves memory, not time"
+            p.reason = f"{covered.label} may fit already: what this adds to it saves memory, not time"
     return picked
 
 
@@ -366,8 +375,7 @@ def run_memory_search(
     base = MemoryPoint(
         (), peak_bytes=base_peak, peak_method=method, reserved_bytes=reserved, status="measured"
     )
-    static = _static_bytes(w)
-    search.activation_budget_bytes = None if budget is None else max(1, budget - static)
+    search.activation_budget_bytes = None if budget is None else activation_budget(w, budget)
     w.run.activation_budget_bytes = search.activation_budget_bytes  # what every configuration's hooks plan to
     facts = facts_of(
         w, diag, time_left_s(dl), goal="memory" if goal == "speed" else goal, memory_budget_bytes=budget
@@ -388,8 +396,16 @@ def run_memory_search(
     configs = [] if (budget is not None and base.fits) else configurations(names)
     prog.phase(f"predict {len(configs)} configurations (estimate_memory)", len(configs))
     tol = 1 + abs(search.estimate_error or 0.0) + PREDICT_MARGIN
+    may_fit: list[MemoryPoint] = []  # predicted within the budget (x tol): fewer tricks come first
     for combo in configs:
         p = MemoryPoint(combo)
+        covered = _covered(combo, may_fit) if budget is not None else None
+        if covered is not None:  # not measured whatever its prediction (``_to_measure``): its plans cost time
+            p.status = "not run"
+            p.reason = f"{covered.label} may fit already: what this adds to it saves memory, not time"
+            search.points.append(p)
+            prog.advance()
+            continue
         try:
             p.predicted_bytes = predict_peak(w, combo)
         except TuneSkip as exc:  # e.g. a checkpoint plan with nothing to recompute at this micro-batch
@@ -402,6 +418,8 @@ def run_memory_search(
                 f"predicted {_mib(p.predicted_bytes)} > budget {_mib(budget)} x {tol:.2f} (the estimate's "
                 f"error on the baseline {search.estimate_error:+.0%} + {PREDICT_MARGIN:.0%})"
             )
+        if p.status == "predicted" and p.predicted_bytes is not None:
+            may_fit.append(p)
         search.points.append(p)
         prog.advance()
     _measure(w, res, search, batches, dl, prog)
@@ -413,6 +431,16 @@ def run_memory_search(
     _choose(w, res, search, goal, dl)
 
 
+def activation_budget(w: Workload, budget: int) -> int:
+    """What the activations of one micro-batch may take in a step whose peak must fit ``budget``: the budget less
+    what the step holds beside them at any moment of it. That is the parameters, buffers, gradients and optimizer
+    state (``_static_bytes``) and the float input batch the step makes of a staged one, alive until the step ends
+    (the whole batch's, split into micro-batches by views). A checkpoint planner measures its activation peak with
+    the gradients already allocated and the input already there, so a plan within this budget gives a step within
+    ``budget``: at most every gradient, all of the input and the activation peak are held at one time."""
+    return max(1, budget - _static_bytes(w) - _input_bytes(w))
+
+
 def _static_bytes(w: Workload) -> int:
     """Bytes a step holds whatever its batch: parameters, buffers, gradients and the optimizer state (measured on
     the untreated configuration after one step)."""
@@ -421,6 +449,19 @@ def _static_bytes(w: Workload) -> int:
         x, y = stage_batches(w, 1)[0] if w.task == "detection" else w.example_batch(min(2, w.batch_size))
         r.on_batch(x, y)  # allocates the optimizer state; the gradients are still held
         return r.resident_bytes()
+    finally:
+        r.close()
+
+
+def _input_bytes(w: Workload) -> int:
+    """Bytes of the float input batch a classification step makes of its staged batch (``Runner.prepare``); 0 for a
+    detector (its checkpoint plan is the lowest peak of its whole step, which holds its images)."""
+    if w.task == "detection":
+        return 0
+    r = Runner(w, (), loader=False)
+    try:
+        x = r.prepare(w.example_batch(1)[0])
+        return x.element_size() * x[0].numel() * w.batch_size
     finally:
         r.close()
 

@@ -58,6 +58,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         dataset=w.dataset,
         loader_kwargs={"num_workers": w.num_workers},
         activation_budget_bytes=w.run.activation_budget_bytes,
+        memo=w.run.memo,
         task=w.task,
         max_size=w.max_size,
     )
@@ -155,6 +156,8 @@ class Runner:
             model.eval()
         model.to(w.device)
         setup = base_setup(w, model)
+        if w.task == "classification":  # a planner's batch: the first n samples as the step takes them
+            setup.batch_of = lambda n: self._batch_of(n, setup)
         for i, name in enumerate(self.tricks):  # in the hooks' order (with_requirements sorts by it)
             hook = by_name(name).hook
             if setup.example is None and hook.changes in ("model", "step") and w.task == "classification":
@@ -297,6 +300,12 @@ class Runner:
             x = to_channels(x, self.w.channels)
         x = normalize(x, self.w.device, channels_last=getattr(self, "channels_last", False))
         return x if self.dtype == torch.float32 else x.to(self.dtype)
+
+    def _batch_of(self, n: int, setup: TuneSetup) -> torch.Tensor:
+        """``TuneSetup.batch_of``: the workload's first ``n`` samples, normalised on the device in the memory
+        format the hooks so far chose (the step's own input, for a hook that plans on it)."""
+        x = self.prepare(self.w.example_batch(n)[0])
+        return x.contiguous(memory_format=torch.channels_last) if setup.channels_last else x
 
     def autocast(self) -> Any:
         return self.mp.autocast() if self.mp is not None else contextlib.nullcontext()

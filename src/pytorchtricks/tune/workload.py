@@ -121,6 +121,9 @@ class RunState:
     # a memory search: what one micro-batch's activations may take (the budget less the bytes every step holds),
     # given to every configuration's hooks (a checkpoint planner plans to it); None: no budget
     activation_budget_bytes: int | None = None
+    # what hooks worked out once for the run, by their own keys (TuneSetup.memo: a checkpoint plan per model,
+    # micro-batch and budget, put on every configuration's fresh model copy without measuring it again)
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,9 @@ class RegionPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (region, why it cannot be checkpointed)
     attempts: int = 0
     scope: str = ""  # whose peak the peaks are when not the module's own (a detector's whole step)
+    # what is wrapped, by module name: ``(members, mode)`` as ``_regions.apply`` takes them (nested blocks as full
+    # checkpoints of their runs inside a full one), so another copy of the model can take the same plan
+    applied: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
 
     @property
     def pending(self) -> bool:

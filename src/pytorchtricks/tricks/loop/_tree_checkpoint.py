@@ -180,6 +180,7 @@ def _spend_slack(
 
 
 def _record(plan: RegionPlan, tree: Tree, choice: Choice, peak: int) -> None:
+    plan.applied = _wrappers(tree, choice)
     plan.regions = [
         (n, mode, tree.option(n, mode).freed_bytes, tree.option(n, mode).recompute_s)
         for n, mode in choice.regions
@@ -192,14 +193,31 @@ LOWEST_TRIES = 3  # plans measured when the lowest peak is asked for (the model 
 LOWEST_MAX = 8  # ... and more, one at a time, while the best measured is above its model by more than MARGIN
 
 
-def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
+def _wrappers(tree: Tree, choice: Choice) -> list[tuple[tuple[str, ...], str]]:
+    """What ``_regions.apply`` wraps for ``choice``: ``(members, mode)`` by module name, so the same plan can be put
+    on another copy of the model (``apply_recorded``)."""
     plan: list[tuple[tuple[str, ...], str]] = []
     for n, mode in choice.regions:
         if mode == "nested":  # a full checkpoint around full checkpoints of its runs
             plan += [(members, "full") for members in tree.option(n, mode).inner]
             mode = "full"
         plan.append((tree.by_name[n].members, mode))
-    apply(model, plan)
+    return plan
+
+
+def _apply(model: nn.Module, tree: Tree, choice: Choice) -> None:
+    apply(model, _wrappers(tree, choice))
+
+
+def apply_recorded(model: nn.Module, plan: RegionPlan) -> None:
+    """Put a plan ``make_plan`` made (on another copy of the same model) on ``model``, without measuring again:
+    the same regions in the same modes, and ``plan`` as the model's ``checkpoint_plan``."""
+    if plan.pending:
+        raise PttError("checkpoint_activations_: a pending plan has no regions to put on another model yet.")
+    if getattr(model, "_ptt_checkpoint_plan", None) is not None:
+        raise PttError("model is already checkpointed; build the model again to change the plan.")
+    apply(model, plan.applied)
+    model.__dict__["_ptt_checkpoint_plan"] = plan
 
 
 def _lowest_measured(

@@ -50,7 +50,12 @@ from pytorchtricks.tricks.loop._checkpoint_planner import (
 )
 from pytorchtricks.tricks.loop._region_planner import RegionPlan
 from pytorchtricks.tricks.loop._regions import no_stat_update, side_effect_free
-from pytorchtricks.tricks.loop._tree_checkpoint import fwd_bwd_peak, make_plan, plan_at_first_forward
+from pytorchtricks.tricks.loop._tree_checkpoint import (
+    apply_recorded,
+    fwd_bwd_peak,
+    make_plan,
+    plan_at_first_forward,
+)
 from pytorchtricks.tunable import TuneHook, TuneSetup, TuneSkip, applied_or_skip
 
 __all__ = ["checkpoint_activations_", "checkpoint_plan"]
@@ -59,9 +64,10 @@ TRICK = TrickInfo(gains=("memory",), phase=("train",), exact=True)
 
 
 def _tune_apply(setup: TuneSetup, state: object) -> None:
-    """Checkpoint the model's regions for the memory search (the module-tree planner): planned so the
-    micro-batch's activations fit what the budget leaves them (``setup.activation_budget_bytes``), else the plan
-    with the lowest modeled peak."""
+    """Checkpoint the model's regions for the memory search (the module-tree planner): planned on the workload's
+    own micro-batch so that its activations fit what the budget leaves them (``setup.activation_budget_bytes``),
+    else the plan with the lowest measured peak - what ``checkpoint_activations_(model, budget=...)`` does at the
+    user's first training forward."""
     with filtered_stderr():  # the planner's probes meter memory with Kineto, which prints USDT markers
         _tune_plan(setup)
 
@@ -70,21 +76,50 @@ def _tune_plan(setup: TuneSetup) -> None:
     if setup.task == "detection":
         _tune_plan_detector(setup)
         return
-    x = setup.example
+    n = setup.micro_batch_size
+    # the micro-batch itself: the planner's peaks are measured, and a plan made on a few samples and scaled does not
+    # hold at the batch (what is not per sample - the stem's floor, the kernels' workspaces - does not scale)
+    x = setup.batch_of(n) if setup.batch_of is not None else setup.example
     budget: int | str = "min"
-    if (
-        setup.activation_budget_bytes is not None
-    ):  # the budget of a micro-batch, scaled to the example's samples
-        budget = max(1, int(setup.activation_budget_bytes * len(x) / max(1, setup.micro_batch_size)))
+    if setup.activation_budget_bytes is not None:  # scaled where x has fewer samples than the micro-batch
+        budget = max(1, int(setup.activation_budget_bytes * len(x) / max(1, n)))
+    # one plan per model (as the hooks before this one left it), batch and budget, made once in the run: every
+    # configuration's Runner builds a fresh copy of the model, and measuring the plan again on each costs the
+    # planner's probes (tens of seconds at a batch of 64) to reach the same regions
+    key = ("checkpoint_activations", repr(setup.model), x.shape, x.stride(), x.dtype, str(x.device), budget)
+    made = setup.memo.get(key)
+    if made is None:
+        try:
+            made = _tune_plan_now(setup.model, budget, x)
+        except TuneSkip as exc:
+            made = exc
+        setup.memo[key] = made
+    elif isinstance(made, RegionPlan):
+        apply_recorded(setup.model, made)
+    if isinstance(made, TuneSkip):
+        raise TuneSkip(str(made))
+    what = "the batch" if n == setup.batch_size else "one micro-batch"
+    setup.notes.append(f"checkpoint plan (on {len(x)} samples, {what}): {made}")
+
+
+def _tune_plan_now(model: nn.Module, budget: int | str, x: torch.Tensor) -> RegionPlan:
+    """Plan ``model`` on ``x`` to ``budget`` (else to the lowest peak) and return the plan; ``TuneSkip`` when it
+    recomputes nothing (the budget is met without checkpointing: the configuration is the one without it)."""
     try:
-        applied_or_skip(checkpoint_activations_, setup.model, budget=budget, example_inputs=(x,))
+        applied_or_skip(checkpoint_activations_, model, budget=budget, example_inputs=(x,))
     except TuneSkip as exc:
         if budget == "min" or "no plan fits" not in str(exc):
             raise
         # unreachable at this micro-batch: the lowest peak there is (the search measures whether it fits)
-        applied_or_skip(checkpoint_activations_, setup.model, budget="min", example_inputs=(x,))
-    plan = checkpoint_plan(setup.model)
-    setup.notes.append(f"checkpoint plan (on {len(x)} samples): {plan}")
+        applied_or_skip(checkpoint_activations_, model, budget="min", example_inputs=(x,))
+    plan = checkpoint_plan(model)
+    assert isinstance(plan, RegionPlan)
+    if not plan.regions:
+        raise TuneSkip(
+            f"checkpoint_activations_: the activations of {len(x)} samples fit the budget of {budget} bytes "
+            f"without checkpointing (measured {plan.measured_peak_bytes}): nothing is recomputed"
+        )
+    return plan
 
 
 def _tune_plan_detector(setup: TuneSetup) -> None:
