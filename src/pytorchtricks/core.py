@@ -69,7 +69,94 @@ class BenchCase:
 
 
 class PttError(Exception):
-    """Base class of errors raised by pytorchtricks on bad input; the message always says how to fix it."""
+    """Base class of errors raised by pytorchtricks on bad input; the message always says how to fix it.
+
+    A message that names an option is a ``Spelt`` (``str(err)`` reads it as Python, ``for_cli(err)`` as the command
+    line: ``split='val2017'`` there is ``--split val2017`` here)."""
+
+
+_NO_VALUE: Any = object()
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option a message names, spelt where it is read: the keyword in Python (``split='val2017'``), the flag on
+    the command line (``--split val2017``; ``flag`` when the CLI's name is not the keyword's with dashes).
+
+    Example:
+        >>> o = Option("split", "val2017"); o.python(), o.cli()
+        ("split='val2017'", '--split val2017')
+        >>> Option("num_workers", flag="--workers").cli()
+        '--workers'
+    """
+
+    name: str
+    value: Any = _NO_VALUE  # without one, the option alone: ``split`` / ``--split``
+    flag: str | None = None
+
+    def python(self) -> str:
+        return self.name if self.value is _NO_VALUE else f"{self.name}={self.value!r}"
+
+    def cli(self) -> str:
+        import shlex
+
+        flag = self.flag or "--" + self.name.replace("_", "-")
+        return flag if self.value is _NO_VALUE else f"{flag} {shlex.quote(str(self.value))}"
+
+
+class Spelt(str):
+    """A message that names options (``Option``), as a ``str``: its text is the Python spelling; ``cli()`` is the
+    same message as the command line spells it. The fields are ``str.format`` fields of ``template``.
+
+    Example:
+        >>> m = Spelt("coco/ holds 2 splits; pass {split}", split=Option("split", "val2017"))
+        >>> str(m)
+        "coco/ holds 2 splits; pass split='val2017'"
+        >>> m.cli()
+        'coco/ holds 2 splits; pass --split val2017'
+    """
+
+    template: str
+    fields: dict[str, Any]
+
+    def __new__(cls, template: str, **fields: Any) -> Spelt:
+        self = super().__new__(cls, cls._render(template, fields, "python"))
+        self.template, self.fields = template, fields
+        return self
+
+    @staticmethod
+    def _render(template: str, fields: Mapping[str, Any], how: str) -> str:
+        if not fields:
+            return template
+        return template.format(
+            **{k: getattr(v, how)() if isinstance(v, Option | Spelt) else v for k, v in fields.items()}
+        )
+
+    def python(self) -> str:
+        return str.__str__(self)
+
+    def cli(self) -> str:
+        return self._render(self.template, self.fields, "cli")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its template (an error crossing a worker's pipe)
+        return (_spelt, (self.template, self.fields))
+
+
+def _spelt(template: str, fields: dict[str, Any]) -> Spelt:
+    return Spelt(template, **fields)
+
+
+def for_cli(message: Any) -> str:
+    """A message (an exception, a warning, a ``Spelt`` or any text) as the command line prints it: the options it
+    names as flags.
+
+    Example:
+        >>> for_cli(PttError(Spelt("pass {split}", split=Option("split", "val2017"))))
+        'pass --split val2017'
+    """
+    if isinstance(message, BaseException) and len(message.args) == 1 and isinstance(message.args[0], Spelt):
+        message = message.args[0]
+    return message.cli() if isinstance(message, Spelt) else str(message)
 
 
 class MissingExtraError(PttError, ImportError):

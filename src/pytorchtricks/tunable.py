@@ -115,7 +115,8 @@ class TuneSetup:
     callable; None: the model), ``precision`` (an object with ``autocast()``, ``backward(loss)`` and
     ``step(opt)``, e.g. ``ptt.mixed_precision``; None: fp32), ``channels_last`` (inputs in that memory format),
     ``switches`` (context-manager factories entered around every step).
-    Data side: ``source`` (the data folder or pack tune was given; None for synthetic data), ``cache_dir`` (where
+    Data side: ``source`` (the data folder or pack tune was given; None for synthetic data; ``split``: the split of
+    a detection root that tune read, None when it has one), ``cache_dir`` (where
     one-time builds go), ``dataset`` (what the library's loaders read; a hook may replace it, e.g. by its RAM cache),
     ``loader`` (``"baseline"``: the user's pipeline, or ``"ptt"``: ``ptt.make_loader``), ``loader_kwargs``
     (keyword arguments for ``make_loader``: workers, prefetch, pin), ``device_loader`` (callables wrapping the
@@ -148,6 +149,7 @@ class TuneSetup:
     input_size: int
     make_optimizer: Callable[[Any], Any] | None = None
     source: str | None = None
+    split: str | None = None
     cache_dir: str = ""
     dataset: Any = None
     loader: str = "baseline"

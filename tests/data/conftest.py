@@ -94,12 +94,18 @@ def write_coco(root: Path, photos: list[dict[str, Any]], split: str = "val") -> 
     return ann
 
 
-def write_yolo(root: Path, photos: list[dict[str, Any]]) -> None:
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "labels").mkdir(exist_ok=True)
+def write_yolo(root: Path, photos: list[dict[str, Any]], split: str | None = None) -> None:
+    """``images[/split]/`` + ``labels[/split]/`` (ultralytics' layout with a split)."""
+    img, labels = (
+        (root / "images", root / "labels")
+        if not split
+        else (root / "images" / split, root / "labels" / split)
+    )
+    img.mkdir(parents=True, exist_ok=True)
+    labels.mkdir(parents=True, exist_ok=True)
     (root / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     for p in photos:
-        (root / "images" / p["name"]).write_bytes(p["jpeg"])
+        (img / p["name"]).write_bytes(p["jpeg"])
         h, w = p["hw"]
         lines = []
         for b, lab in zip(p["boxes"].tolist(), p["labels"].tolist(), strict=True):
@@ -111,12 +117,18 @@ def write_yolo(root: Path, photos: list[dict[str, Any]]) -> None:
             )
             lines.append(f"{lab} {cx:.8f} {cy:.8f} {bw:.8f} {bh:.8f}")
         if lines:  # an image without boxes has no label file, as YOLO tools write it
-            (root / "labels" / (p["name"][:-4] + ".txt")).write_text("\n".join(lines) + "\n")
+            (labels / (p["name"][:-4] + ".txt")).write_text("\n".join(lines) + "\n")
 
 
-def write_voc(root: Path, photos: list[dict[str, Any]]) -> None:
+def write_voc(root: Path, photos: list[dict[str, Any]], split: str | None = None) -> None:
+    """``JPEGImages/`` + ``Annotations/``; with ``split`` the photos' stems are listed in
+    ``ImageSets/Main/<split>.txt`` (VOC's layout with splits)."""
     (root / "JPEGImages").mkdir(parents=True, exist_ok=True)
     (root / "Annotations").mkdir(exist_ok=True)
+    if split:
+        (root / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
+        with open(root / "ImageSets" / "Main" / f"{split}.txt", "a") as fh:
+            fh.write("".join(p["name"][:-4] + "\n" for p in photos))
     for p in photos:
         (root / "JPEGImages" / p["name"]).write_bytes(p["jpeg"])
         h, w = p["hw"]
@@ -132,6 +144,20 @@ def write_voc(root: Path, photos: list[dict[str, Any]]) -> None:
         (root / "Annotations" / (p["name"][:-4] + ".xml")).write_text(xml)
 
 
+SPLITS = {"coco": ("train2017", "val2017"), "yolo": ("train", "val"), "voc": ("train", "val")}
+
+
+def write_splits(fmt: str, root: Path, photos: list[dict[str, Any]]) -> tuple[str, str]:
+    """A standard root with a train and a val split (COCO's ``train2017`` + ``val2017``, YOLO's and VOC's ``train``
+    + ``val``): the first half of the photos in train, the rest in val. Returns the two split names."""
+    train, val = SPLITS[fmt]
+    half = len(photos) // 2
+    write = {"coco": write_coco, "yolo": write_yolo, "voc": write_voc}[fmt]
+    write(root, photos[:half], train)
+    write(root, photos[half:], val)
+    return train, val
+
+
 @pytest.fixture(scope="session")
 def coco_root(photo_set: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("coco")
@@ -145,6 +171,7 @@ class Writers:
     coco = staticmethod(write_coco)
     yolo = staticmethod(write_yolo)
     voc = staticmethod(write_voc)
+    splits = staticmethod(write_splits)
     classes = CLASSES
     coco_ids = COCO_IDS
 

@@ -174,3 +174,30 @@ def test_tables_are_the_keywords_as_one_value(tmp_path):
         ptt.DetectionDataset(ptt.DetectionTables(**fields), root=str(tmp_path), format="coco")
     with pytest.raises(PttError, match=r"missing image_ids, .*format"):
         ptt.DetectionDataset(root=str(tmp_path), files=["a.jpg"])
+
+
+@pytest.mark.parametrize("fmt", ["coco", "yolo", "voc"])
+def test_a_standard_root_opens_its_train_split_and_says_so(photo_set, writers, tmp_path, fmt):
+    """COCO's train2017 + val2017 (YOLO's and VOC's train + val): the train split, said with the other's name;
+    ``split`` picks the other; a root with no train split is refused, naming its splits."""
+    train, val = writers.splits(fmt, tmp_path / fmt, photo_set)
+    with pytest.warns(ptt.PttWarning, match=f"using split {train} .*; split='{val}' picks the other") as said:
+        ds = open_detection(tmp_path / fmt)
+    assert ptt.core.for_cli(said[0].message).endswith(f"--split {val} picks the other")
+    other = open_detection(tmp_path / fmt, split=val)
+    assert (ds.split, other.split) == (train, val) and len(ds) == len(other) == 3
+    assert {Path(ds.file(i)).name for i in range(3)} == {p["name"] for p in photo_set[:3]}
+    assert {Path(other.file(i)).name for i in range(3)} == {p["name"] for p in photo_set[3:]}
+    assert len(ds.boxes) == sum(len(p["boxes"]) for p in photo_set[:3])
+    with pytest.raises(ptt.PttError, match=f"has no split 'test'.*its splits: {train}, {val}"):
+        open_detection(tmp_path / fmt, split="test")
+
+
+def test_a_root_without_a_train_split_is_refused_naming_its_splits(photo_set, writers, tmp_path):
+    writers.coco(tmp_path, photo_set[:3], "val2017")
+    writers.coco(tmp_path, photo_set[3:], "test2017")
+    with pytest.raises(ptt.PttError, match=r"holds 2 splits \(test2017, val2017\) and no train split: pass "
+                       r"split='test2017' to choose one") as err:  # fmt: skip
+        open_detection(tmp_path)
+    assert "pass --split test2017 to choose one" in ptt.core.for_cli(err.value)
+    assert len(open_detection(tmp_path, split="val2017")) == 3

@@ -113,7 +113,7 @@ def test_refusals_say_what_to_pass(tmp_path, folder, packs):
         open_data(tmp_path / "nope")
     with pytest.raises(PttError, match=r"does not exist; pass a COCO, YOLO or VOC root"):
         open_data(tmp_path / "nope", task="detection")
-    with pytest.raises(PttError, match="task must be classification or detection"):
+    with pytest.raises(PttError, match="task must be classification, detection or auto"):
         open_data(folder, task="segmentation")
     (tmp_path / "empty" / "cat").mkdir(parents=True)
     with pytest.raises(PttError, match=r"not a pack \(no manifest.json\) and holds no ImageFolder tree"):
@@ -143,3 +143,27 @@ def test_make_loader_opens_a_path_through_open_data(folder, packs):
     assert tuple(x.shape) == (2, 3, 16, 16) and y.tolist() == [0, 0]
     x, _ = next(iter(ptt.make_loader(str(packs["ptt"]), 2, crop=16, num_workers=0, mode="eval")))
     assert tuple(x.shape) == (2, 3, 16, 16)
+
+
+def test_auto_reads_detection_data_as_detection(coco, folder, tmp_path):
+    assert isinstance(open_data(coco, task="auto"), DetectionDataset)
+    assert isinstance(open_data(folder, task="auto"), JpegFolder)
+    pack(coco, tmp_path / "det", workers=0)
+    assert isinstance(open_data(tmp_path / "det", task="auto", decode=None), ShardDataset)
+
+
+def test_split_picks_a_split_of_a_root_and_is_refused_elsewhere(folder, packs, tmp_path):
+    root = tmp_path / "imagenet"
+    _image_folder(root / "train")
+    _image_folder(root / "val", per_class=1)
+    assert len(open_data(root)) == 6 and len(open_data(root, split="val")) == 2
+    assert len(open_data(root, split="validation")) == 2  # the names split_folders reads as val
+    with pytest.raises(PttError, match=r"has no split 'test'; its splits: train, val"):
+        open_data(root, split="test")
+    with pytest.raises(
+        PttError, match=r"is one ImageFolder tree, not a root of splits .*: leave out split\."
+    ):
+        open_data(folder, split="val")
+    with pytest.raises(PttError, match=r"is a pack: .* leave out split\.") as err:
+        open_data(packs["ptt"], split="val")
+    assert ptt.core.for_cli(err.value).endswith("leave out --split.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, drain, now_s
-from pytorchtricks.core import PttError, resolve_device
+from pytorchtricks.core import Option, PttError, PttWarning, Spelt, resolve_device
 
 __all__ = ["doctor_data", "DataReport", "open_image_dataset"]
 
@@ -62,6 +63,9 @@ class DataReport:
     core_seconds: dict[str, Any] | None = None
     cpu: dict[str, Any] | None = None
     workers_cpu_s_per_batch: float | None = None  # the loader alone: its workers' CPU-seconds per batch
+    shm: str | None = (
+        None  # /dev/shm's size against the loader's batches in flight (data.shm.ShmPlan.describe)
+    )
 
     @property
     def stage_sum_s(self) -> float:
@@ -77,14 +81,19 @@ class DataReport:
 
 
 def open_image_dataset(
-    path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    split: str | None = None,
 ) -> Any:
-    """``ptt.open_data(path)`` (the one data road): an ImageFolder tree (or a ``ROOT/train`` + ``ROOT/val`` root's
-    train split) -> ``JpegFolder``; a ptt / lmdb pack folder or a pack's URL (``s3://...``, read through the node
-    cache ``cache_dir``) -> ``ShardDataset``. A tar pack (read in order) is refused: the doctor reads by index."""
+    """``ptt.open_data(path, task="auto")`` (the one data road): an ImageFolder tree (or a ``ROOT/train`` +
+    ``ROOT/val`` root's train split, or ``split``) -> ``JpegFolder``; a COCO / YOLO / VOC root (its ``split``,
+    default the train split; bad annotations left out and listed in ``rejects``) -> ``DetectionDataset``; a ptt /
+    lmdb pack folder or a pack's URL (``s3://...``, read through the node cache ``cache_dir``) -> ``ShardDataset``.
+    A tar pack (read in order) is refused: the doctor reads by index."""
     from pytorchtricks.data.open_data import open_data
 
-    ds = open_data(path, cache_dir=cache_dir)
+    ds = open_data(path, cache_dir=cache_dir, task="auto", split=split, on_error="skip")
     if isinstance(ds, torch.utils.data.IterableDataset):
         raise PttError(
             f"{os.fspath(path)} is a tar pack, read in order; the data doctor reads samples by index: re-pack it "
@@ -206,7 +215,7 @@ def _loader_times(
 def doctor_data(
     data: Any,
     *,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     crop: int | None = 224,
     batches: int = 4,
     num_workers: int | None = None,
@@ -214,8 +223,15 @@ def doctor_data(
     device: str | torch.device | None = "cpu",
     step: Any = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    split: str | None = None,
+    recipe: Any = "shortest_side",
 ) -> DataReport:
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
+
+    Classification data is loaded as ``make_loader`` loads it (a random crop of ``crop`` px, None: the stored size;
+    ``batch_size`` default 64); detection data (a COCO / YOLO / VOC root - its ``split``, default the train split -
+    or pack) as ``make_detection_loader`` does (``recipe``: a ``DetectionRecipe`` or its name, default torchvision's
+    detection reference, 800 px up to 1333, flip; ``batch_size`` default 4).
 
     ``step``: the caller's training step as a callable (one batch's work, data staged): it runs beside the loader,
     so the wait includes the cores the step takes from the workers; ``step_time_s`` is then measured from it.
@@ -228,49 +244,58 @@ def doctor_data(
         >>> sorted(r.stages_s) == sorted(["read", "decode", "augment", "collate", "host_to_device"])
         True
     """
+    from pytorchtricks.analysis import data_doctor_detection as det
     from pytorchtricks.tricks.data.make_loader import make_loader
 
-    dataset = open_image_dataset(data, cache_dir=cache_dir) if isinstance(data, str | os.PathLike) else data
-    need = batch_size * (batches + (2 if step_time_s is None else 3))
-    if len(dataset) < need:
-        raise PttError(
-            f"need at least {need} samples for {batches} batches of {batch_size} (+2 warm-up"
-            f"{', +1 beside the step' if step_time_s is not None else ''}); got {len(dataset)}. "
-            "Lower batch_size or batches."
-        )
+    dataset, boxes, batch_size = _opened(data, cache_dir, split, batch_size, batches, step_time_s is not None)
     dev = resolve_device(device)
     if step is not None:  # the step's own time, alone: what the wait is judged against
         step()
         t0 = now_s()
         step()
         step_time_s = now_s() - t0
-    stages, total, decoded = _serial(dataset, batch_size, batches, crop, dev)
     workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
-    loader = make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
+    rec = det.recipe_of(recipe) if boxes else None
+    if rec is not None:  # detection data, as make_detection_loader builds its batches
+        stages, total, decoded = det.detection_serial(dataset, batch_size, batches, rec, dev)
+    else:
+        stages, total, decoded = _serial(dataset, batch_size, batches, crop, dev)
+    with warnings.catch_warnings(record=True) as said:  # a loader fitted to /dev/shm says so: a note here
+        warnings.simplefilter("always", PttWarning)
+        loader = (
+            det.detection_loader(dataset, batch_size, rec, workers)
+            if rec is not None
+            else make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
+        )
+    fixes = det.FIXES if boxes else FIXES
+    shm_notes = [
+        str(w.message) for w in said if issubclass(w.category, PttWarning) and "/dev/shm" in str(w.message)
+    ]
     cpu: dict[str, Any] = {}
     loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step, cpu=cpu)
     core_s = None
     if "beside the step" in cpu:
         core_s = judge.CoreSeconds.of(cpu["beside the step"], cpu["beside batches"])
     worst = max(stages, key=lambda k: stages[k])
-    notes = []
+    notes: list[str] = [*shm_notes, *(det.rejects_note(dataset) if boxes else [])]
     if step_time_s is None:
-        verdict = (
-            f"unknown: the loader gives {batch_size / loader_s:.0f} images/s; pass step_time_s (your training "
-            "step's seconds per batch) to compare"
+        verdict: str = Spelt(
+            "unknown: the loader gives {rate:.0f} images/s; pass {o} (your training step's seconds per batch) to "
+            "compare",
+            rate=batch_size / loader_s,
+            o=Option("step_time_s", flag="--step-time"),
         )
-        fix = FIXES[worst]
+        fix = fixes[worst]
     else:
         v = judge.judge(step_time_s + (wait or 0.0), wait or 0.0, core_seconds=core_s)
         if v.name == judge.INPUT_BOUND:
             verdict = (
                 f"input-bound: the step waits {(wait or 0.0) * 1e3:.1f} ms per batch for data ({v.evidence})"
             )
-            fix = FIXES[worst]
+            fix = fixes[worst]
             if workers < len(os.sched_getaffinity(0)):
-                notes.append(
-                    f"num_workers={workers} < {len(os.sched_getaffinity(0))} cores: try more workers first"
-                )
+                cores, o = len(os.sched_getaffinity(0)), Option("num_workers", workers, flag="--workers")
+                notes.append(Spelt("{o} < {n} cores: try more workers first", n=cores, o=o))
         elif v.name == judge.CPU_CONTENDED:
             verdict = f"CPU-contended: {v.evidence}"
             fix = v.fix
@@ -303,4 +328,34 @@ def doctor_data(
         core_seconds=core_s.as_dict() if core_s is not None else None,
         cpu={k: u.as_dict() for k, u in cpu.items() if isinstance(u, CpuUse)},
         workers_cpu_s_per_batch=cpu["loader"].workers_cpu_s / cpu["loader batches"],
+        shm=loader.shm.describe() if loader.shm is not None else None,
     )
+
+
+def _opened(
+    data: Any, cache_dir: Any, split: str | None, batch_size: int | None, batches: int, beside: bool
+) -> tuple[Any, bool, int]:
+    """(the dataset, whether it holds boxes, the batch size): ``data`` opened when it is a path, and checked to
+    hold enough samples for the measurement (``beside``: one batch more, timed beside the step)."""
+    from pytorchtricks.analysis.data_doctor_detection import BATCH_SIZE, holds_boxes
+
+    path = isinstance(data, str | os.PathLike)
+    dataset = open_image_dataset(data, cache_dir=cache_dir, split=split) if path else data
+    boxes = holds_boxes(dataset)
+    batch_size = batch_size or (BATCH_SIZE if boxes else 64)
+    need = batch_size * (batches + (3 if beside else 2))
+    if len(dataset) < need:
+        raise PttError(
+            Spelt(
+                "need at least {need} samples for {batches} batches of {bs} (+2 warm-up{beside}); got {n}. Lower "
+                "{o1} or {o2}.",
+                need=need,
+                batches=batches,
+                bs=batch_size,
+                n=len(dataset),
+                beside=", +1 beside the step" if beside else "",
+                o1=Option("batch_size"),
+                o2=Option("batches"),
+            )
+        )
+    return dataset, boxes, batch_size

@@ -2,17 +2,21 @@
 
 One module per command group (``catalogue``, ``doctor``, ``tune``, ``data``, ``analysis``, ``optimize``); every
 subcommand is an ``_add_<name>(subparsers)`` that registers its arguments and sets ``handler``. Errors from bad
-input (``PttError``) print one line with the fix and exit with status 2.
+input (``PttError``) print one line with the fix and exit with status 2; a ``PttWarning`` prints one line too. A
+message that names an option (a ``core.Spelt``) is printed as the command line spells it: ``--split val2017``, not
+the library's ``split='val2017'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pytorchtricks.cli._common import EXIT_USAGE, MODEL_SPEC_HELP
@@ -22,7 +26,7 @@ from pytorchtricks.cli.data import _add_inspect, _add_pack
 from pytorchtricks.cli.doctor import _add_doctor
 from pytorchtricks.cli.optimize import _add_optimize
 from pytorchtricks.cli.tune import _add_tune
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, PttWarning, for_cli
 
 __all__ = ["EXIT_USAGE", "MODEL_SPEC_HELP", "build_parser", "main"]
 
@@ -67,6 +71,27 @@ def _script_given_to_tune(argv: Sequence[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _spelt_for_the_command_line() -> Iterator[None]:
+    """While a command runs, a ``PttWarning`` is printed as one line, ``warning: ...``, its options (a ``Spelt``)
+    in the command line's spelling; every other warning as Python shows it."""
+    shown = warnings.showwarning
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if isinstance(message, PttWarning):
+            print(f"warning: {for_cli(message)}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -98,9 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import_cpp_extension_quietly()  # its "No CUDA runtime is found, using CUDA_HOME" is noise on a CPU run
     try:
-        return int(args.handler(args) or 0)
+        with _spelt_for_the_command_line():
+            return int(args.handler(args) or 0)
     except PttError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {for_cli(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

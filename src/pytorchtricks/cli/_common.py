@@ -17,6 +17,15 @@ MODEL_SPEC_HELP = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+SPLIT_HELP = (
+    "the split of a root that has several: a COCO root's annotations/instances_SPLIT.json, a YOLO root's "
+    "images/SPLIT/, a VOC root's ImageSets/Main/SPLIT.txt, an ImageNet-style root's train/ or val/ (default: its "
+    "train split, said when it has others)"
+)
+
+
+def add_split(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", default=None, metavar="NAME", help=SPLIT_HELP)
 
 
 def _console() -> Any:

@@ -6,7 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from pytorchtricks.cli._common import _console
+from pytorchtricks.cli._common import _console, add_split
+from pytorchtricks.core import PttError
 
 
 def _add_pack(sub: Any) -> None:
@@ -22,6 +23,7 @@ def _add_pack(sub: Any) -> None:
         "dst",
         help="output folder or bucket URL (s3://bucket/p, gs://, az://); re-running resumes an interrupted pack",
     )
+    add_split(p)
     p.add_argument("--format", default="ptt", choices=("ptt", "tar", "lmdb"))
     p.add_argument("--resize", type=int, default=None, metavar="SHORT_SIDE", help="shrink the short side")
     p.add_argument("--max-side", type=int, default=None, metavar="N", help="shrink the long side to this")
@@ -61,7 +63,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         args.src, args.dst, format=args.format, resize=args.resize, max_side=args.max_side, quality=args.quality,
         raw=args.raw, shard_size=args.shard_size, workers=args.workers, shuffle=not args.no_shuffle, seed=args.seed,
         strict=args.strict, verify=args.verify, progress=not args.distributed,
-        distributed=args.distributed, staging_dir=args.staging_dir,
+        distributed=args.distributed, staging_dir=args.staging_dir, split=args.split,
         **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )  # fmt: skip
     if args.distributed and os.environ.get("RANK", "0") != "0":
@@ -95,11 +97,20 @@ def _add_cache_options(p: Any) -> None:
 
 
 def _add_inspect(sub: Any) -> None:
-    p = sub.add_parser("inspect", help="counts, class histogram, sizes and checksums of a pack")
-    p.add_argument(
-        "dst", help="a folder written by `ptt pack`, or its URL (s3://bucket/p, gs://, az://, https://)"
+    p = sub.add_parser(
+        "inspect", help="counts, class histogram, sizes and checksums of a pack (or of a detection root)"
     )
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256/CRC32 check")
+    p.add_argument(
+        "dst",
+        help="a folder written by `ptt pack`, or its URL (s3://bucket/p, gs://, az://, https://); or a COCO / "
+        "YOLO / VOC root, before it is packed",
+    )
+    add_split(p)
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the sha256/CRC32 check (a detection root: the check of each file's size against its annotation)",
+    )
     _add_cache_options(p)
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.set_defaults(handler=_cmd_inspect)
@@ -108,8 +119,16 @@ def _add_inspect(sub: Any) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from pytorchtricks.data.detection import detection_layout
     from pytorchtricks.shards.inspect import inspect_shards
 
+    if not os.path.isfile(os.path.join(args.dst, "manifest.json")) and detection_layout(args.dst) is not None:
+        return _inspect_root(args)
+    if args.split is not None:
+        raise PttError(
+            f"{args.dst} is a pack: it holds the one split it was packed from; leave out --split (it picks the "
+            "split of a COCO / YOLO / VOC root)."
+        )
     r = inspect_shards(
         args.dst,
         verify=not args.no_verify,
@@ -141,6 +160,33 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     for p in r["problems"]:
         console.print(f"problem: {p}", highlight=False, markup=False)
     console.print("integrity: ok" if not r["problems"] else f"integrity: {len(r['problems'])} problem(s)")
+    return 1 if r["problems"] else 0
+
+
+def _inspect_root(args: argparse.Namespace) -> int:
+    """``ptt inspect`` on a detection root: the split read, its boxes and sizes, bad annotations, bad files."""
+    from pytorchtricks.shards.inspect import inspect_detection_root
+
+    r = inspect_detection_root(args.dst, split=args.split, verify=not args.no_verify, decode=args.decode)
+    console = _console()
+    split = f", split {r['split']}" + (f" (splits: {', '.join(r['splits'])})" if len(r["splits"]) > 1 else "")
+    console.print(
+        f"{r['path']}: a {r['format'].upper()} root{split if r['split'] else ''}, {r['count']} images, "
+        f"{len(r['rejects'])} bad annotation(s)",
+        highlight=False,
+        markup=False,
+    )
+    _print_detection(console, r["detection"])
+    for x in r["rejects"][:10]:
+        ann = f", annotation {x['annotation']}" if x.get("annotation") is not None else ""
+        console.print(f"  reject: {x['file']}{ann}: {x['reason']}", highlight=False, markup=False)
+    if len(r["rejects"]) > 10:
+        console.print(f"  ... and {len(r['rejects']) - 10} more (ptt pack lists them all in its manifest)")
+    if r["problems"] is None:
+        return 0
+    for p in r["problems"]:
+        console.print(f"problem: {p}", highlight=False, markup=False)
+    console.print("files: ok" if not r["problems"] else f"files: {len(r['problems'])} problem(s)")
     return 1 if r["problems"] else 0
 
 

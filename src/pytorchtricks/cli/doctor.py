@@ -6,8 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from pytorchtricks.cli._common import _console
-from pytorchtricks.core import PttError
+from pytorchtricks.cli._common import _console, add_split
+from pytorchtricks.core import PttError, for_cli
 
 
 def _add_doctor(sub: Any) -> None:
@@ -19,12 +19,26 @@ def _add_doctor(sub: Any) -> None:
         "data", help="split a batch's time into read/decode/augment/collate/host->device/wait"
     )
     d.add_argument(
-        "path", help="an ImageFolder tree, a folder made by `ptt pack`, or a pack's URL (s3://...)"
+        "path",
+        help="an ImageFolder tree, a COCO / YOLO / VOC root, a folder made by `ptt pack`, or a pack's URL (s3://...)",
     )
+    add_split(d)
     d.add_argument("--cache-dir", default=None, help="node-shared shard cache for a URL (default: ~/.cache)")
-    d.add_argument("--batch-size", type=int, default=64)
+    d.add_argument("--batch-size", type=int, default=None, help="default: 64; 4 for detection data")
     d.add_argument("--batches", type=int, default=4, help="batches to time (default: %(default)s)")
-    d.add_argument("--crop", type=int, default=224, help="RandomResizedCrop size; 0 keeps the stored size")
+    d.add_argument(
+        "--crop",
+        type=int,
+        default=224,
+        help="RandomResizedCrop size of image folders; 0 keeps the stored size",
+    )
+    d.add_argument(
+        "--recipe",
+        default="shortest_side",
+        choices=("shortest_side", "multiscale", "lsj", "ssd"),
+        help="detection data: make_detection_loader's recipe (default: %(default)s, 800 px up to 1333, as "
+        "torchvision's detection reference)",
+    )
     d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: one per core)")
     d.add_argument(
         "--step-time", type=float, default=None, help="your step's seconds per batch, for the verdict"
@@ -125,6 +139,8 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
             ),
             highlight=False,
         )
+        if x.get("shm"):
+            console.print(f"  shared memory: {escape(x['shm']['text'])}", highlight=False)
     if r.model:
         console.print(
             f"model{at('model')}: {r.model['class']} ({r.model['params'] / 1e6:.1f} M params"
@@ -235,6 +251,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         step_time_s=args.step_time,
         device=args.device,
         cache_dir=args.cache_dir,
+        split=args.split,
+        recipe=args.recipe,
     )
     table = Table(
         title=f"ptt doctor data {args.path}  (batch {r.batch_size}, {r.batches} batches, one process)"
@@ -254,6 +272,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     console = _console()
     console.print(table)
     console.print(f"loader: {r.loader_images_per_s:.0f} images/s with {r.num_workers} workers")
+    if r.shm is not None:
+        console.print(f"shared memory: {r.shm}", highlight=False)
     if r.workers_cpu_s_per_batch is not None:
         console.print(
             f"loader alone: its workers used {r.workers_cpu_s_per_batch:.3f} CPU-s per batch "
@@ -262,10 +282,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         )
     for line in cpu_lines(r.core_seconds, (r.cpu or {}).get("beside the step")):
         console.print(line, highlight=False)
-    console.print(f"verdict: {r.verdict}")
-    console.print(f"first fix: {r.fix}")
+    console.print(f"verdict: {for_cli(r.verdict)}")
+    console.print(f"first fix: {for_cli(r.fix)}")
     for note in r.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {for_cli(note)}")
     return 0
 
 

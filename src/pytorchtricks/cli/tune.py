@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pytorchtricks.cli._common import MODEL_SPEC_HELP, _console
+from pytorchtricks.cli._common import MODEL_SPEC_HELP, _console, add_split
 
 
 def _add_tune(sub: Any) -> None:
@@ -18,8 +18,10 @@ def _add_tune(sub: Any) -> None:
     )
     p.add_argument(
         "--data",
-        help="an image folder, a `ptt pack` folder, or `synthetic` (default: built-in wallpaper photo set)",
+        help="an image folder, a `ptt pack` folder, a COCO / YOLO / VOC root (with --task detection), or "
+        "`synthetic` (default: built-in wallpaper photo set)",
     )
+    add_split(p)
     p.add_argument(
         "--batch-size",
         type=_batch_arg,
@@ -100,7 +102,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         args.model, args.data, batch_size=args.batch_size, input_size=args.input_size,
         input_shape=args.input_shape, num_workers=args.num_workers, goal=args.goal, for_=args.for_,
         time_budget_s=args.time_budget, device=args.device, out=args.out, progress=RichProgress(console),
-        memory_budget=args.memory_budget, device_step_ms=args.device_step_ms, task=args.task,
+        memory_budget=args.memory_budget, device_step_ms=args.device_step_ms, task=args.task, split=args.split,
     )  # fmt: skip
     console.print(receipt_table(res))
     if res.memory is not None:

@@ -9,9 +9,14 @@ per box) when the annotations have them. Images without boxes are kept. Labels a
 Conventions: COCO ``[x, y, w, h]`` -> ``[x, y, x + w, y + h]``; YOLO normalised ``cx cy w h`` times the image size;
 VOC's 1-based inclusive ``xmin ymin xmax ymax`` -> ``[xmin - 1, ymin - 1, xmax, ymax]`` (Detectron2's reading).
 A box that leaves the image by at most one pixel (rounding in the annotation tool) is clipped; further out, or with
-a non-positive width or height, an unknown category, a missing image file or annotation JSON/XML that does not
-parse is an ``AnnotationError`` naming the file and the annotation id - or, with ``on_error="skip"``, an entry of
-``dataset.rejects`` (only that annotation is dropped; a missing image drops that image), nothing else lost.
+a non-positive width or height, an unknown category, a missing image file, annotation JSON/XML that does not
+parse, or a field of the wrong type (every field is type-checked: a string, a bool, a list of the wrong length, a
+nested list, NaN or inf where a number belongs - ``data.annotations`` lists the fields per format) is an
+``AnnotationError`` naming the file, the annotation id and the field - or, with ``on_error="skip"``, an entry of
+``dataset.rejects`` (only that annotation is dropped; a missing image, or an image entry with a bad field, drops
+that image), nothing else lost. Two COCO images sharing one ``id`` are refused naming both files; under skip both
+are left out, with their annotations (which of them a box belongs to cannot be told), each listed.
+A file that does not parse cannot be skipped.
 
 EXIF orientation: pixels and boxes are in the stored frame, as torchvision does (``CocoDetection`` opens images
 with ``PIL.Image.open``, which does not rotate; ``torchvision.io.decode_jpeg`` defaults to
@@ -32,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError, config_or_keywords
+from pytorchtricks.core import Option, PttError, Spelt, config_or_keywords
 from pytorchtricks.data.annotations import AnnotationError, header_bytes, read_coco, read_voc, read_yolo
 from pytorchtricks.data.decode import image_size
 
@@ -80,7 +85,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     Build with ``open_detection(root)`` or ``DetectionDataset.from_coco / from_yolo / from_voc``. Annotations live
     in flat numpy arrays (no per-image Python objects: DataLoader workers do not grow by copy-on-write): a
     ``DetectionTables``, given as one value or as its fields as keywords (not both).
-    ``rejects``: what ``on_error="skip"`` left out, each ``{"file", "annotation", "image", "reason"}``.
+    ``rejects``: what ``on_error="skip"`` left out, each ``{"file", "annotation", "image", "reason", "field"}``.
 
     Example:
         >>> import tempfile, os, json; from PIL import Image
@@ -96,6 +101,9 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """
 
     task = "detection"
+    split: str | None = (
+        None  # the split of the root it was opened from (``open_detection``; None: it has one)
+    )
 
     def __init__(
         self,
@@ -292,37 +300,54 @@ def open_detection(
     on_error: str = "raise",
 ) -> DetectionDataset:
     """Open a detection root: COCO (``root/annotations/instances_<split>.json`` over ``root/<split>/``, or a JSON
-    file with ``images=``), YOLO (``images/`` + ``labels/``) or Pascal VOC (``Annotations/`` + ``JPEGImages/``).
+    file with ``images=``), YOLO (``images[/<split>]/`` + ``labels[/<split>]/``) or Pascal VOC (``Annotations/`` +
+    ``JPEGImages/``, ``ImageSets/Main/<split>.txt``).
+
+    ``split``: which split of a root with several (``data.detection_splits``). Left out, a root with one split
+    reads it, and a root with a train and other splits (``train2017`` + ``val2017``, the standard COCO layout) reads
+    the train split and says so with a ``PttWarning`` naming the others.
 
     Raises:
-        PttError: not a detection root, or an ambiguous COCO split. AnnotationError: a bad annotation (see the
-            module docstring) unless ``on_error="skip"``.
+        PttError: not a detection root, a split the root does not have, or several splits and none a train split.
+            AnnotationError: a bad annotation (see the module docstring) unless ``on_error="skip"``.
     """
+    from pytorchtricks.data.detection_splits import choose_split
+
     p = os.fspath(path)
     fmt = detection_layout(p) if format == "auto" else format
     if fmt == "coco":
         if os.path.isfile(p):
+            if split is not None:
+                raise PttError(
+                    Spelt(
+                        "{p} is one COCO annotation file, one split: leave out {o}.", p=p, o=Option("split")
+                    )
+                )
             img_dir = os.fspath(images) if images is not None else _coco_images_beside(p)
             return DetectionDataset.from_coco(img_dir, p, on_error=on_error)
-        jsons = sorted(f for f in os.listdir(os.path.join(p, "annotations")) if f.startswith("instances_"))
+        split = choose_split(p, "coco", split)
         if split is None:
-            if len(jsons) != 1:
-                raise PttError(
-                    f"{p} holds {len(jsons)} COCO instance files ({', '.join(jsons) or 'none'}); pass split= "
-                    "(e.g. split='val2017')."
-                )
-            split = jsons[0][len("instances_") : -len(".json")]
+            found = sorted(f for f in os.listdir(os.path.join(p, "annotations")) if f.endswith(".json"))
+            raise PttError(
+                f"{p}/annotations holds no COCO instances_<split>.json (found: {', '.join(found) or 'none'}): "
+                "give the annotation file itself as the path."
+            )
         ann = os.path.join(p, "annotations", f"instances_{split}.json")
         img_dir = os.fspath(images) if images is not None else os.path.join(p, split)
-        return DetectionDataset.from_coco(img_dir, ann, on_error=on_error)
-    if fmt == "yolo":
-        return DetectionDataset.from_yolo(p, split=split, on_error=on_error)
-    if fmt == "voc":
-        return DetectionDataset.from_voc(p, split=split, on_error=on_error)
-    raise PttError(
-        f"{p} is not a detection root: expected COCO (annotations/instances_*.json), YOLO (images/ + labels/) or "
-        "Pascal VOC (Annotations/ + JPEGImages/); pass format='coco'|'yolo'|'voc'."
-    )
+        ds = DetectionDataset.from_coco(img_dir, ann, on_error=on_error)
+    elif fmt == "yolo":
+        split = choose_split(p, "yolo", split)
+        ds = DetectionDataset.from_yolo(p, split=split, on_error=on_error)
+    elif fmt == "voc":
+        split = choose_split(p, "voc", split)
+        ds = DetectionDataset.from_voc(p, split=split, on_error=on_error)
+    else:
+        raise PttError(
+            f"{p} is not a detection root: expected COCO (annotations/instances_*.json), YOLO (images/ + labels/) "
+            "or Pascal VOC (Annotations/ + JPEGImages/); pass format='coco'|'yolo'|'voc'."
+        )
+    ds.split = split
+    return ds
 
 
 _TV_DETECTION = ("CocoDetection", "VOCDetection", "Kitti", "WIDERFace", "VisionDatasetTVTensorWrapper")

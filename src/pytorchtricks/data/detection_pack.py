@@ -57,9 +57,24 @@ def pack_summary(
 ) -> dict[str, Any]:
     """What ``ptt inspect`` shows of a detection pack: images, boxes, boxes per image, per class, image sizes
     (``sizes``: each image's ``(h, w)`` as stored)."""
-    cats = detection.get("categories", {})
     per_image = np.array([len(t.get("boxes") or []) for t in targets], np.int64)
     labels = [str(v) for t in targets for v in t.get("labels") or []]
+    return box_summary(per_image, labels, detection, sizes)
+
+
+def root_summary(ds: DetectionDataset, sizes: list[tuple[int, int]]) -> dict[str, Any]:
+    """``pack_summary`` of a detection root as read (``ptt inspect ROOT``), from its flat tables."""
+    cats = {str(k): v for k, v in sorted(ds.categories.items())}
+    labels = [str(v) for v in ds.labels.tolist()]
+    return box_summary(np.diff(ds.offsets), labels, {"format": ds.format, "categories": cats}, sizes)
+
+
+def box_summary(
+    per_image: np.ndarray, labels: list[str], detection: dict[str, Any], sizes: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """The summary's figures from each image's box count, every box's label (as a string), the format and
+    categories (``{"format", "categories": {label: name}}``) and each image's ``(h, w)``."""
+    cats = detection.get("categories", {})
     per_class: dict[str, int] = {}
     for lab in labels:
         name = cats.get(lab, lab)
@@ -75,7 +90,7 @@ def pack_summary(
     return {
         "format": detection.get("format"),
         "categories": cats,
-        "images": len(targets),
+        "images": len(per_image),
         "boxes": int(per_image.sum()),
         "images_without_boxes": int((per_image == 0).sum()),
         "boxes_per_image": stats(per_image),

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import Option, PttError, Spelt
 from pytorchtricks.data.sources import (
     IMAGE_EXTENSIONS,
     walk_class_tree,
@@ -51,6 +51,36 @@ def split_folders(root: str | os.PathLike[str]) -> dict[str, str]:
     if "train" not in found or len(found) < 2 or not _subdirs(found["train"]):
         return {}
     return found
+
+
+def split_folder(root: str | os.PathLike[str], split: str | None = None) -> str:
+    """The folder of an ImageNet-style root's ``split`` (``train`` when None; ``valid`` and ``validation`` are
+    ``val``), or ``root`` itself when it is one class tree and no split is asked for.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> for sub in ("train/cat", "val/cat"):
+        ...     os.makedirs(os.path.join(d, sub))
+        >>> os.path.relpath(split_folder(d, "val"), d), os.path.relpath(split_folder(d), d)
+        ('val', 'train')
+    """
+    root = os.fspath(root)
+    splits = split_folders(root)
+    if split is None:
+        return splits.get("train", root)
+    key = SPLIT_NAMES.get(split.lower(), split)
+    if key in splits:
+        return splits[key]
+    if not splits:
+        raise PttError(
+            Spelt(
+                "{p} is one ImageFolder tree, not a root of splits (train/ + val/): leave out {o}.",
+                p=root,
+                o=Option("split"),
+            )
+        )
+    raise PttError(f"{root} has no split {split!r}; its splits: {', '.join(sorted(splits))}.")
 
 
 _SUFFIXES = tuple(e.encode() for e in IMAGE_EXTENSIONS)

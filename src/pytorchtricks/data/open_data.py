@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import Option, PttError, Spelt
 
 if TYPE_CHECKING:
     from pytorchtricks.data.detection import DetectionDataset
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["open_data"]
 
-TASKS = ("classification", "detection")
+TASKS = ("classification", "detection", "auto")
 _KINDS = (
     "an ImageFolder tree (root/<class>/<image>.jpg), an ImageNet-style root (root/train + root/val), a folder made "
     "by `ptt pack`, or a pack's URL (s3://..., gs://..., https://...)"
@@ -38,6 +38,7 @@ def open_data(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     stream: StreamConfig | None = None,
+    on_error: str = "raise",
 ) -> JpegFolder | ShardDataset | ShardStream | DetectionDataset:
     """Open ``path`` as the dataset its layout is read with, recognised in this order:
 
@@ -48,14 +49,17 @@ def open_data(
        ``decode`` is the readers' (``"auto"``, a backend, ``None`` for the stored bytes, or a callable).
     2. a detection root - COCO (``annotations/*.json``), YOLO (``images/`` + ``labels/``), Pascal VOC
        (``Annotations/`` + ``JPEGImages/``) or a COCO JSON file (over ``images/`` beside it when there is one):
-       ``open_detection`` for ``task="detection"`` (``split`` picks a COCO instance file), refused for
+       ``open_detection`` for ``task="detection"`` (``split`` picks a split of a root that has several - COCO's
+       ``instances_<split>.json``, YOLO's ``images/<split>/``, VOC's ``ImageSets/Main/<split>.txt`` -, else its
+       train split, said with a ``PttWarning``; ``on_error`` is ``open_detection``'s), refused for
        classification (its folders are not classes).
-    3. an ImageNet-style root (``ROOT/train`` + ``ROOT/val``): ``JpegFolder`` of the train split - the returned
-       dataset's ``root`` is ``ROOT/train``, not ``ROOT``; ``split_folders(ROOT)`` gives the others.
+    3. an ImageNet-style root (``ROOT/train`` + ``ROOT/val``): ``JpegFolder`` of the train split, or of ``split`` -
+       the returned dataset's ``root`` is ``ROOT/train``, not ``ROOT``; ``split_folders(ROOT)`` gives the others.
     4. an ImageFolder tree (``root/<class>/<image>``): ``JpegFolder``.
 
-    For ``task="detection"`` only 1 (a detection pack) and 2 are read. Every refusal is a ``PttError`` that names
-    what to pass instead.
+    For ``task="detection"`` only 1 (a detection pack) and 2 are read; ``task="auto"`` reads a detection pack or root
+    as detection data, anything else as classification. Every refusal is a ``PttError`` that names what to pass
+    instead.
 
     Example:
         >>> import tempfile, os
@@ -69,27 +73,33 @@ def open_data(
     from pytorchtricks.shards.remote import is_url
 
     if task not in TASKS:
-        raise PttError(f"task must be classification or detection, not {task!r}.")
-    if isinstance(path, str) and is_url(path):
-        return _open_pack(path, task, decode, cache_dir, cache_limit, stream)
+        raise PttError(f"task must be classification, detection or auto, not {task!r}.")
     p = os.fspath(path)
-    if os.path.isfile(os.path.join(p, layout.MANIFEST)):
+    if (isinstance(path, str) and is_url(path)) or os.path.isfile(os.path.join(p, layout.MANIFEST)):
+        if split is not None:
+            raise PttError(
+                Spelt(
+                    "{p} is a pack: it holds the one split it was packed from; leave out {o}.",
+                    p=p,
+                    o=Option("split"),
+                )
+            )
         return _open_pack(p, task, decode, cache_dir, cache_limit, stream)
     if not os.path.exists(p):
         want = "a COCO, YOLO or VOC root, a COCO JSON or a detection pack" if task == "detection" else _KINDS
         raise PttError(f"{p!r} does not exist; pass {want}.")
-    if task == "detection":
-        return _open_detection_root(p, split)
+    if task == "detection" or (task == "auto" and _detection_layout(p) is not None):
+        return _open_detection_root(p, split, on_error)
     from pytorchtricks.data.detection import refuse_detection_root
 
     refuse_detection_root(p, "a classification reader (open_data(task='classification'))")
     if not os.path.isdir(p):
         raise PttError(f"{p!r} is a file; pass {_KINDS}.")
-    from pytorchtricks.data.folder import JpegFolder, split_folders
+    from pytorchtricks.data.folder import JpegFolder, split_folder
 
-    splits = split_folders(p)
+    folder = split_folder(p, split)
     try:
-        return JpegFolder(splits.get("train", p))
+        return JpegFolder(folder)
     except PttError as exc:
         raise PttError(
             f"{p!r} is not a pack (no manifest.json) and holds no ImageFolder tree ({exc}); pass {_KINDS}."
@@ -114,6 +124,7 @@ def _open_pack(
     local, _ = open_pack(path, cache_dir, cache_limit)  # a URL's manifest, fetched into the node cache
     manifest = layout.load_manifest(local)
     boxes = "detection" in manifest
+    task = ("detection" if boxes else "classification") if task == "auto" else task
     if task == "detection" and not boxes:
         raise PttError(f"{path} is a classification pack (no targets): load it with ptt.make_loader.")
     if task == "classification" and boxes:
@@ -134,7 +145,13 @@ def _open_pack(
     return ShardDataset(path, decode=decode, **kw)
 
 
-def _open_detection_root(path: str, split: str | None) -> DetectionDataset:
+def _detection_layout(path: str) -> str | None:
+    from pytorchtricks.data.detection import detection_layout
+
+    return detection_layout(path)
+
+
+def _open_detection_root(path: str, split: str | None, on_error: str = "raise") -> DetectionDataset:
     """A COCO / YOLO / VOC root or a COCO JSON (over ``images/`` beside it, the common small layout, else where
     ``open_detection`` looks)."""
     from pytorchtricks.data.detection import detection_layout, open_detection
@@ -147,5 +164,5 @@ def _open_detection_root(path: str, split: str | None) -> DetectionDataset:
         )
     beside = os.path.join(os.path.dirname(os.path.abspath(path)), "images")
     if os.path.isfile(path) and os.path.isdir(beside):  # ann.json with images/ beside it
-        return open_detection(path, format="coco", images=beside, split=split)
-    return open_detection(path, split=split)
+        return open_detection(path, format="coco", images=beside, split=split, on_error=on_error)
+    return open_detection(path, split=split, on_error=on_error)

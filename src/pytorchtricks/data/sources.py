@@ -39,8 +39,10 @@ class Source:
     detection: dict[str, Any] | None = None  # a detection root: {"format", "categories"}; targets in extras
 
 
-def list_source(src: str | os.PathLike[str]) -> Source:
-    """List an ImageFolder tree (``src/<class>/**/<image>``) or a ``.csv``/``.jsonl`` list of path,label[,extras].
+def list_source(src: str | os.PathLike[str], split: str | None = None) -> Source:
+    """List an ImageFolder tree (``src/<class>/**/<image>``), a ``.csv``/``.jsonl`` list of path,label[,extras], or
+    a detection root. ``split``: the split of a detection root that has several, as ``open_detection`` reads them
+    (default: its train split).
 
     Raises:
         PttError: missing source, empty listing, or a list without ``path``/``label`` columns.
@@ -49,7 +51,9 @@ def list_source(src: str | os.PathLike[str]) -> Source:
     from pytorchtricks.data.detection import detection_layout
 
     if detection_layout(src) is not None:  # COCO / YOLO / VOC: never an ImageFolder of train2017/ val2017/
-        return _list_detection(src)
+        return _list_detection(src, split)
+    if split is not None:
+        raise PttError(f"{src} is not a detection root: split picks the split of a COCO / YOLO / VOC root.")
     if os.path.isdir(src):
         return _list_folder(src)
     if not os.path.isfile(src):
@@ -180,14 +184,14 @@ def _scan_folder(
         _scan_folder(root, where + os.sep + d, folders, skipped)
 
 
-def _list_detection(src: str) -> Source:
+def _list_detection(src: str, split: str | None = None) -> Source:
     """A detection root (``data.detection.open_detection``): one record per image, label 0, and its target as JSON
     in the extras (``{"target": {"boxes", "labels", "image_id", "iscrowd", "area", "size": [h, w], ...}}``).
     Bad annotations join the rejects (``pack(strict=True)`` fails on the first one)."""
     from pytorchtricks.data.detection import open_detection
     from pytorchtricks.data.detection_pack import target_json
 
-    ds = open_detection(src, on_error="skip")
+    ds = open_detection(src, split=split, on_error="skip")
     if len(ds) == 0:
         raise PttError(f"{src!r} lists no images.")
     paths = [ds.path(i) for i in range(len(ds))]
@@ -199,7 +203,9 @@ def _list_detection(src: str) -> Source:
     skipped = [
         {
             "path": str(r["image"] or r["file"]),
-            "reason": f"{r['file']}: annotation {r['annotation']}: {r['reason']}",
+            "reason": f"{r['file']}: "
+            + (f"annotation {r['annotation']}: " if r["annotation"] is not None else "")
+            + r["reason"],
         }
         for r in ds.rejects
     ]

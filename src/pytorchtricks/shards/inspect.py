@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pytorchtricks.core import PttError
 from pytorchtricks.shards import layout
 from pytorchtricks.shards.errors import DecodeError, ShardError
 
@@ -180,3 +181,67 @@ def inspect_shards(
     if "detection" in m:  # a detection pack: images, boxes per image / class, image sizes (as stored)
         report["detection"] = m["detection"]
     return report
+
+
+def inspect_detection_root(
+    path: str | os.PathLike[str], *, split: str | None = None, verify: bool = True, decode: bool = False
+) -> dict[str, Any]:
+    """What ``ptt inspect`` shows of a COCO / YOLO / VOC root before it is packed: the split read (``split``, default
+    its train split), its images, boxes per image and class, image sizes, the bad annotations a pack would leave
+    out (``rejects``, each ``{"file", "annotation", "image", "reason", "field"}``), and with ``verify`` the images whose file
+    is missing, unreadable or of another size than its annotation says (``decode``: or that do not decode).
+
+    Example:
+        >>> import tempfile, os, json; from PIL import Image
+        >>> root = tempfile.mkdtemp(); os.makedirs(f"{root}/val"); os.makedirs(f"{root}/annotations")
+        >>> Image.new("RGB", (64, 48)).save(f"{root}/val/a.jpg")
+        >>> coco = {"images": [{"id": 7, "file_name": "a.jpg", "width": 64, "height": 48}],
+        ...         "annotations": [{"id": 1, "image_id": 7, "category_id": 3, "bbox": [4, 5, 10, 200]}],
+        ...         "categories": [{"id": 3, "name": "cat"}]}
+        >>> _ = open(f"{root}/annotations/instances_val.json", "w").write(json.dumps(coco))
+        >>> r = inspect_detection_root(root); r["split"], r["count"], len(r["rejects"]), r["problems"]
+        ('val', 1, 1, [])
+    """
+    from pytorchtricks.data.detection import open_detection
+    from pytorchtricks.data.detection_pack import root_summary
+    from pytorchtricks.data.detection_splits import detection_splits
+
+    ds = open_detection(path, split=split, on_error="skip")
+    problems: list[str] | None = [] if verify else None
+    sizes = [_image_hw(ds, i, problems, decode) for i in range(len(ds))]
+    return {
+        "path": os.fspath(path),
+        "format": ds.format,
+        "split": ds.split,
+        "splits": detection_splits(path, ds.format) if os.path.isdir(path) else [],
+        "count": len(ds),
+        "rejects": ds.rejects,
+        "detection": root_summary(ds, sizes),
+        "problems": problems,
+    }
+
+
+def _image_hw(ds: Any, i: int, problems: list[str] | None, decode: bool) -> tuple[int, int]:
+    """Image ``i``'s ``(h, w)``: the annotation's (its file's header when it has none); with ``problems`` (verify)
+    the header is read and checked against the annotation, and with ``decode`` the image decoded."""
+    from pytorchtricks.data.annotations import header_bytes
+    from pytorchtricks.data.decode import decode_image, image_size
+
+    want = tuple(int(v) for v in ds.sizes[i])
+    if problems is None and want[0] > 0:
+        return want  # type: ignore[return-value]
+    try:
+        raw = ds.read(i) if decode else header_bytes(ds.path(i))
+        hw = image_size(raw)
+        if decode:
+            decode_image(raw)
+    except (OSError, PttError, ValueError) as exc:
+        if problems is None:
+            raise
+        problems.append(f"{ds.path(i)}: {exc}")
+        return want if want[0] > 0 else (0, 0)  # type: ignore[return-value]
+    if problems is not None and want[0] > 0 and hw != want:
+        problems.append(
+            f"{ds.path(i)}: the file is {hw[1]}x{hw[0]} (WxH) but its annotation says {want[1]}x{want[0]}"
+        )
+    return hw

@@ -116,6 +116,7 @@ class PackConfig:
     max_pixels: int = MAX_PIXELS
     distributed: bool = False
     staging_dir: str | os.PathLike[str] | None = None
+    split: str | None = None
 
 
 def pack(
@@ -138,6 +139,7 @@ def pack(
     max_pixels: int = MAX_PIXELS,
     distributed: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
+    split: str | None = None,
 ) -> dict[str, Any]:
     """Pack ``src`` (ImageFolder tree or .csv/.jsonl list) into ``dst``; returns the summary (also the manifest).
 
@@ -159,6 +161,9 @@ def pack(
         shuffle, seed: store samples in a fixed-seed permuted order (better mixing for streaming readers).
         strict: fail on the first bad file instead of listing it in ``rejects``. verify: re-read every shard.
         progress: show a rich progress bar.
+        split: the split of a ``src`` root that has several (a COCO root's ``instances_<split>.json``, YOLO's
+            ``images/<split>/``, VOC's ``ImageSets/Main/<split>.txt``, an ImageNet-style root's ``train``/``val``);
+            default: its train split, said with a ``PttWarning`` when it has others.
         max_pixels: refuse (list in ``rejects``) an image whose header declares more pixels, before decoding it;
             default ``MAX_PIXELS`` (178.9 MP, Pillow's decompression-bomb limit; about 537 MB decoded as RGB).
 
@@ -180,7 +185,7 @@ def pack(
     """
     cfg = config_or_keywords(config, PackConfig, locals())  # the config's values, or the keywords'
     (format, resize, max_side, quality, raw, shard_size, workers, shuffle, seed, strict, verify, progress,
-     max_pixels, distributed, staging_dir) = (getattr(cfg, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
+     max_pixels, distributed, staging_dir, split) = (getattr(cfg, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
     if format not in FORMATS:
         raise PttError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}.")
     if raw and quality is not None:
@@ -200,7 +205,7 @@ def pack(
         from pytorchtricks.shards.upload import check_destination
 
         check_destination(dst)  # before listing millions of files
-    source = list_source(src)
+    source = list_source(*_split_source(src, split))
     opts = {
         "format": format,
         "resize": resize,
@@ -238,6 +243,19 @@ def pack(
     if is_url(dst):
         return _pack_to_url(plan, dst, staging_dir)
     return _pack_local(plan, dst)
+
+
+def _split_source(
+    src: str | os.PathLike[str], split: str | None
+) -> tuple[str | os.PathLike[str], str | None]:
+    """(what to list, the split left for the listing): an ImageNet-style root's split is its folder; a detection
+    root's split is read by ``open_detection``."""
+    from pytorchtricks.data.detection import detection_layout
+    from pytorchtricks.data.folder import split_folder
+
+    if split is None or detection_layout(src) is not None:
+        return src, split
+    return split_folder(src, split), None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import Option, PttError, PttWarning, Spelt
 from pytorchtricks.data.baselines import detection_reference_loader
 
 DEFAULT_DETECTOR = "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn"
@@ -46,13 +47,17 @@ def builtin_root(cache_dir: str) -> str:
     return ann
 
 
-def detection_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
-    """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (or a COCO JSON file)
-    opened by ``open_data(task="detection")``, or None for the built-in set."""
+def detection_data(data: str | None, cache_dir: str, split: str | None = None) -> tuple[Any, str, str]:
+    """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (``split``: which of
+    its splits, default the train split) or a COCO JSON file, opened by ``open_data(task="detection")``, or None
+    for the built-in set. Bad annotations are left out, as ``ptt pack`` leaves them out, and said (a
+    ``PttWarning``): tune measures speed, and a few boxes fewer do not change it."""
     from pytorchtricks.data.detection import DetectionDataset, detection_layout, open_detection
     from pytorchtricks.data.open_data import open_data
 
     if data is None:
+        if split is not None:
+            raise PttError(Spelt("the built-in photo set has one split: leave out {o}.", o=Option("split")))
         src = builtin_root(cache_dir)
         ds = open_detection(src, format="coco", images=os.path.join(os.path.dirname(src), "images"))
         desc = f"built-in: {len(ds)} photos of 2-24 MP (Debian wallpapers) with seeded boxes, COCO JSON"
@@ -67,17 +72,33 @@ def detection_data(data: str | None, cache_dir: str) -> tuple[Any, str, str]:
             f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "
             "YOLO (images/ + labels/) or Pascal VOC (Annotations/ + JPEGImages/), or a COCO JSON file."
         )
-    found = open_data(data, task="detection")  # a COCO JSON reads the images/ beside it when there is one
+    found = open_data(
+        data, task="detection", split=split, on_error="skip"
+    )  # a COCO JSON: the images/ beside it
     if not isinstance(found, DetectionDataset):  # a root, checked above: never a pack here
         raise PttError(
             f"--data {data}: tune reads detection roots, not packs; pass the root the pack was made from."
         )
     ds = found
+    _say_rejects(ds, data)
+    which = f" (split {ds.split})" if ds.split else ""
     if os.path.isfile(data) and os.path.isdir(
         beside := os.path.join(os.path.dirname(os.path.abspath(data)), "images")
     ):
         return ds, f"COCO {data} over {beside}: {len(ds)} images, {len(ds.categories)} categories", data
-    return ds, f"{fmt.upper()} {data}: {len(ds)} images, {len(ds.categories)} categories", data
+    return ds, f"{fmt.upper()} {data}{which}: {len(ds)} images, {len(ds.categories)} categories", data
+
+
+def _say_rejects(ds: Any, data: str) -> None:
+    if ds.rejects:
+        r = ds.rejects[0]
+        first = f"{r['file']}" + (f", annotation {r['annotation']}" if r["annotation"] is not None else "")
+        warnings.warn(
+            f"{data}: {len(ds.rejects)} bad annotation(s) left out (the first: {first}: {r['reason']}); "
+            "`ptt inspect` on the root lists them all",
+            PttWarning,
+            stacklevel=3,
+        )
 
 
 def build_model(spec: str | None, num_classes: int, input_size: int | None) -> tuple[nn.Module, int, int]:

@@ -798,6 +798,7 @@ def describe(w: Workload) -> dict[str, Any]:
         "max_size": w.max_size,  # detection: the long side's cap of the model's resize
         # the data tune read (a folder, a pack, a detection root or COCO JSON; None: synthetic), no credentials
         "source": scrub_url(w.source) if w.source and is_url(w.source) else w.source,
+        "split": w.split,  # the split of a detection root tune read (None: the root has one)
         # the accelerator's step, declared (--device-step-ms): the figures are a projection for it
         "device_step_ms": None if w.device_step_s is None else w.device_step_s * 1e3,
         "params": sum(p.numel() for p in w.model_factory().parameters()),
@@ -833,6 +834,7 @@ class TuneConfig:
     script: dict[str, Any] | None = None
     device_step_ms: float | None = None
     task: str = "classification"  # or "detection": a torchvision detector on a COCO / YOLO / VOC root
+    split: str | None = None  # the split of a data root that has several (default: its train split)
 
 
 def tune_model(
@@ -867,8 +869,8 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     num_workers, goal, for_, time_budget_s, device, out = (
         cfg.num_workers, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.device, cfg.out,
     )  # fmt: skip
-    memory_budget, optimizer, script, device_step_ms, task = (
-        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms, cfg.task,
+    memory_budget, optimizer, script, device_step_ms, task, split = (
+        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms, cfg.task, cfg.split,
     )  # fmt: skip
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
@@ -890,6 +892,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
             input_shape=input_shape,
             num_workers=num_workers,
             device=device,
+            split=split,
         )
         batch_size, auto_note = auto_batch_size(probe, budget_bytes)
     elif batch_size is not None and not isinstance(batch_size, int):
@@ -897,7 +900,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     w = build_workload(
         model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
         num_workers=num_workers, for_=for_, device=device, optimizer=optimizer, device_step_ms=device_step_ms,
-        task=task,
+        task=task, split=split,
     )  # fmt: skip
     if auto_note:
         w = dataclasses.replace(w, notes=(*w.notes, auto_note))
@@ -909,7 +912,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),
         "model_object": isinstance(model, torch.nn.Module),  # a script's own model: nothing here rebuilds it
         "num_workers": w.num_workers, "for": w.for_, "device": str(w.device), "memory_budget": memory_budget,
-        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms, "task": w.task,
+        "optimizer": list(w.optimizer), "device_step_ms": device_step_ms, "task": w.task, "split": w.split or split,
     }  # fmt: skip
     if script is not None:
         res.workload["script"] = script

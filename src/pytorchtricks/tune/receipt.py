@@ -118,6 +118,7 @@ def _fields(p: dict[str, Any]) -> dict[str, Any]:
         "activation_budget": (p.get("memory") or {}).get("activation_budget_bytes"),
         "max_size": wl.get("max_size"),
         "task": wl.get("task", "classification"),
+        "split_kw": f", split={wl['split']!r}" if wl.get("split") else "",  # the split of a detection root
     }
 
 

@@ -46,7 +46,7 @@ def check_receipt(path: str, *, steps: int = 3, rounds: int = 5, budget_s: float
         rb["model"], rb["data"], batch_size=rb["batch_size"], input_shape=tuple(rb["input_shape"]),
         num_workers=rb["num_workers"], for_=rb["for"], device=rb["device"],
         optimizer=(opt[0], opt[1]) if opt else None, device_step_ms=rb.get("device_step_ms"),
-        task=rb.get("task", "classification"),
+        task=rb.get("task", "classification"), split=rb.get("split"),
     )  # fmt: skip
     if p.get("memory"):
         return _check_memory(p, w, rec, budget_s)

@@ -54,6 +54,7 @@ def base_setup(w: Workload, model: Any = None) -> TuneSetup:
         batch_size=w.batch_size,
         input_size=w.input_size,
         source=w.source,
+        split=w.split,
         cache_dir=cache_root(),
         dataset=w.dataset,
         loader_kwargs={"num_workers": w.num_workers},

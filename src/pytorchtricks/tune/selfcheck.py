@@ -47,6 +47,7 @@ def request(workload: dict[str, Any], threads: int, data: str | None = None) -> 
         # a detector's step needs its images and boxes (the same data, read again); a classifier's arithmetic does
         # not depend on the pixels, so synthetic batches of the same shape serve
         "data": data if workload.get("task") == "detection" else "synthetic",
+        "split": workload.get("split") if workload.get("task") == "detection" else None,
     }
 
 
@@ -97,6 +98,7 @@ def _main(argv: list[str]) -> int:
         input_shape=None if detect else tuple(req["input_shape"]),
         input_size=int(req["input_shape"][1]) if detect else None, num_workers=0, for_=req["for"],
         device=req["device"], optimizer=(opt[0], opt[1]) if opt else None, task=req.get("task", "classification"),
+        split=req.get("split"),
     )  # fmt: skip
     want = req.get("num_outputs")
     # a head tune resized to its data's classes: the same here

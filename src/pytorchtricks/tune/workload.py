@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pytorchtricks.core import PttError, cache_root, require, resolve_device
+from pytorchtricks.core import Option, PttError, Spelt, cache_root, require, resolve_device
 from pytorchtricks.data.baselines import DEFAULT_WORKERS
 
 DEFAULT_MODEL = "torchvision:resnet18"
@@ -159,6 +159,7 @@ class Workload:
     # projection for that accelerator). None: the model's own step runs here.
     device_step_s: float | None = None
     task: str = "classification"  # or "detection" (tune.detection: a torchvision detector, its loss dict)
+    split: str | None = None  # detection: the split of the root read (None: the root has one)
     max_size: int | None = (
         None  # detection: the long side's cap of the model's resize (input_size: the short side)
     )
@@ -302,11 +303,11 @@ def _resolve_shape(
 
 
 def _dataset(
-    data: str | None, size: tuple[int, int], channels: int, bs: int
+    data: str | None, size: tuple[int, int], channels: int, bs: int, split: str | None = None
 ) -> tuple[Any, str, str, str | None]:
     """(dataset, description, kind, source): ``synthetic`` and the built-in set here, any path through
     ``open_data`` (the library's readers: JpegFolder, ShardDataset), with tune's own words on a refusal."""
-    from pytorchtricks.data.folder import JpegFolder, split_folders
+    from pytorchtricks.data.folder import JpegFolder, split_folder, split_folders
     from pytorchtricks.data.open_data import open_data
 
     h, w = size
@@ -318,15 +319,18 @@ def _dataset(
     if data is None:
         folder, desc = default_image_folder()
         return JpegFolder(folder), f"built-in: {desc}; crops of {px}", "files", folder
+    _refuse_detection_data(data)
     if not os.path.isdir(data):
         raise PttError(
             f"the data folder {data!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
             "a ptt pack folder, or `synthetic` for generated images."
         )
+    if split is not None and not _is_pack(data):
+        split_folder(data, split)  # a split the root does not have: said in the library's words
     try:
-        ds = open_data(data)  # ROOT/train + ROOT/val: the train split (the splits are not classes)
+        ds = open_data(data, split=split)  # ROOT/train + ROOT/val: the train split (or --split), not classes
     except PttError as exc:
-        if _is_pack(data):  # the pack's own words (a bad manifest, a detection pack)
+        if _is_pack(data):  # the pack's own words (a bad manifest)
             raise
         raise PttError(
             f"the data folder {data!r} holds no images tune can read ({exc}). Put them in it as "
@@ -345,7 +349,8 @@ def _dataset(
             )
         return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}", "pack", data
     splits = split_folders(data)
-    note = f" (the train split of {data}; splits {', '.join(splits)})" if splits else ""
+    which = next((k for k, v in splits.items() if v == ds.root), "train")
+    note = f" (the {which} split of {data}; splits {', '.join(splits)})" if splits else ""
     return (
         ds,
         f"image folder {ds.root}{note}: {len(ds)} images in {len(ds.classes)} classes, {px}",
@@ -368,12 +373,13 @@ def build_workload(
     optimizer: tuple[str, dict[str, Any]] | None = None,
     device_step_ms: float | None = None,
     task: str = "classification",
+    split: str | None = None,
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
 
     ``model`` is a spec (``torchvision:resnet18``, ``pkg.mod:factory``, ``file.py:factory``) or a module object
     (a script's own model, copied); ``optimizer`` the loop's ``(name, hyper-parameters)`` (default: SGD lr 0.01,
-    momentum 0.9).
+    momentum 0.9). ``split``: the split of a data root that has several (``open_data``'s; default its train split).
 
     ``input_shape`` is one sample's C,H,W (or N,C,H,W); without it the channels are the model's (its first
     convolution's ``in_channels``) and the side ``input_size`` (default 64). ``num_workers`` is the loader
@@ -402,7 +408,7 @@ def build_workload(
     if task not in ("classification", "detection"):
         raise PttError(f"--task must be classification or detection, not {task!r}.")
     if task == "detection":
-        out = _detection_workload(model, data, batch_size, input_size, num_workers, for_, dev, seed)
+        out = _detection_workload(model, data, batch_size, input_size, num_workers, for_, dev, seed, split)
         return _declared(out, optimizer, device_step_ms)
     if isinstance(model, nn.Module):  # a script's own model (ptt doctor run --tune)
         spec = f"captured {type(model).__name__}"
@@ -415,7 +421,7 @@ def build_workload(
     if data is None and input_size is None and input_shape is None:
         input_size = DEFAULT_WORKLOAD_SIZE  # the built-in workload's balance: the step waits on decoding
     bs, channels, h, w, given = _resolve_shape(base, input_shape, input_size, batch_size)
-    dataset, data_desc, kind, source = _dataset(data, (h, w), channels, bs)
+    dataset, data_desc, kind, source = _dataset(data, (h, w), channels, bs, split)
     notes: list[str] = []
     if len(dataset) < bs:
         notes.append(
@@ -483,6 +489,33 @@ def to_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
     return x.repeat(1, reps, 1, 1)[:, :channels]
 
 
+def _refuse_detection_data(data: str) -> None:
+    """A detection root or pack given to a classification tune: name the option that reads it."""
+    from pytorchtricks.data.detection import detection_layout
+    from pytorchtricks.shards.layout import load_manifest
+
+    fmt = detection_layout(data)
+    if fmt is not None:
+        raise PttError(
+            Spelt(
+                "{data} is a {fmt} detection root (boxes per image, not class folders): tune a detector on it "
+                "with {o}.",
+                data=data,
+                fmt=fmt.upper(),
+                o=Option("task", "detection"),
+            )
+        )
+    if _is_pack(data) and "detection" in load_manifest(data):
+        raise PttError(
+            Spelt(
+                "{data} is a detection pack; tune reads detection roots, not packs: tune a detector on the root "
+                "it was packed from with {o}.",
+                data=data,
+                o=Option("task", "detection"),
+            )
+        )
+
+
 def _detection_workload(
     model: str | nn.Module | None,
     data: str | None,
@@ -492,13 +525,14 @@ def _detection_workload(
     for_: str,
     dev: torch.device,
     seed: int,
+    split: str | None = None,
 ) -> Workload:
     """``--task detection``: a detection root (or the built-in photos with boxes) and a torchvision detector."""
     from pytorchtricks.tune import detection
 
     if for_ != "train":
         raise PttError("--task detection tunes training; for a detector's inference use ptt optimize.")
-    dataset, desc, source = detection.detection_data(data, cache_root())
+    dataset, desc, source = detection.detection_data(data, cache_root(), split)
     n_classes = max([0, *dataset.categories]) + 1  # category ids as labels, 0 the background
     if isinstance(model, nn.Module):  # a script's own detector (ptt doctor run --tune)
         base, (short, long) = copy.deepcopy(model).cpu(), detection.model_sizes(model)
@@ -518,4 +552,5 @@ def _detection_workload(
     return Workload(
         spec, factory, dataset, desc, n_classes, bs, short, for_, dev,
         num_workers=num_workers, data_kind="files", source=source, files=files, task="detection", max_size=long,
+        split=getattr(dataset, "split", None),
     )  # fmt: skip

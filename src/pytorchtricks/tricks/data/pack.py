@@ -42,13 +42,16 @@ def _tune_pack(setup: TuneSetup, resize: int | None) -> dict[str, Any]:
     if setup.source is None:
         raise TuneSkip("no source folder to pack")
     key = hashlib.sha256(
-        f"{os.path.abspath(setup.source)}|{len(setup.dataset)}|{resize}|{setup.task}".encode()
+        (
+            f"{os.path.abspath(setup.source)}|{len(setup.dataset)}|{resize}|{setup.task}"
+            + (f"|{setup.split}" if setup.split else "")
+        ).encode()
     ).hexdigest()[:12]
     dst = os.path.join(setup.cache_dir, f"tune-pack-{key}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoEffectWarning)  # "already holds this pack": reused, said below
         try:  # shuffle=False: sample i of the pack is file i of the folder (the data check compares pixels)
-            summary = pack(setup.source, dst, resize=resize, workers=2, shuffle=False)
+            summary = pack(setup.source, dst, resize=resize, workers=2, shuffle=False, split=setup.split)
         except PttError as exc:
             raise TuneSkip(f"ptt pack failed: {exc}") from exc
     side = dst + ".build.json"
@@ -92,8 +95,8 @@ TUNE = (
         changes="loader",
         check="data",
         receipt='ptt.pack(dataset.root, "pack-out"); dataset = ptt.ShardDataset("pack-out")  # once (reused after)',
-        detection_receipt='ptt.pack(ROOT, "pack-out"); dataset = ptt.open_data("pack-out", task="detection")  # once '
-        "(reused after): the JPEGs as they are, the targets as JSON",
+        detection_receipt='ptt.pack(ROOT, "pack-out"{split_kw}); dataset = ptt.open_data("pack-out", '
+        'task="detection")  # once (reused after): the JPEGs as they are, the targets as JSON',
         tasks=("classification", "detection"),
         apply=_tune_apply,
         applies=_tune_applies,
@@ -109,8 +112,9 @@ TUNE = (
         check="data",
         receipt='ptt.pack(dataset.root, "pack-out", resize={cache_side}); dataset = ptt.ShardDataset("pack-out")  # '
         "once; short side {cache_side}: the smallest crop keeps its pixels",
-        detection_receipt='ptt.pack(ROOT, "pack-out", resize={input_size}); dataset = ptt.open_data("pack-out", '
-        'task="detection")  # once; short side {input_size}: the training size, the boxes scaled with the images',
+        detection_receipt='ptt.pack(ROOT, "pack-out", resize={input_size}{split_kw}); dataset = ptt.open_data('
+        '"pack-out", task="detection")  # once; short side {input_size}: the training size, the boxes scaled with '
+        "the images",
         tasks=("classification", "detection"),
         apply=_tune_apply,
         applies=_tune_applies,
