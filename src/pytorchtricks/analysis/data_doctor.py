@@ -25,6 +25,7 @@ import torch
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, drain, now_s
 from pytorchtricks.core import Option, PttError, PttWarning, Spelt, resolve_device
+from pytorchtricks.data.batches import default_workers
 
 __all__ = ["doctor_data", "DataReport", "open_image_dataset"]
 
@@ -254,7 +255,7 @@ def doctor_data(
         t0 = now_s()
         step()
         step_time_s = now_s() - t0
-    workers = min(len(os.sched_getaffinity(0)), 8) if num_workers is None else num_workers
+    workers = default_workers(num_workers)
     rec = det.recipe_of(recipe) if boxes else None
     if rec is not None:  # detection data, as make_detection_loader builds its batches
         stages, total, decoded = det.detection_serial(dataset, batch_size, batches, rec, dev)
