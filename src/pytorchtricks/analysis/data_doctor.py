@@ -107,7 +107,7 @@ def _serial(
     dataset: Any, batch_size: int, batches: int, crop: int | None, device: torch.device
 ) -> tuple[dict, float, dict[str, Any]]:
     from pytorchtricks.data.batches import stack_batch as _stack
-    from pytorchtricks.data.decode import decode_image, decode_stats, image_size, resize_array
+    from pytorchtricks.data.decode import decode_image, decode_stats, decoded_since, image_size, resize_array
     from pytorchtricks.data.images import (
         crop_decode,
         hflip,
@@ -153,14 +153,7 @@ def _serial(
             x.to(device)
             y.to(device)
     total = now_s() - t0
-    after = decode_stats()
-    fb = {k: v - before["fallback"].get(k, 0) for k, v in after["fallback"].items()}
-    decoded = {
-        "images": after["images"] - before["images"],
-        "px": after["decoded_px"] - before["decoded_px"],
-        "window": after["window"] - before["window"],
-        "fallback": {k: v for k, v in fb.items() if v > 0},
-    }
+    decoded = decoded_since(before)
     return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches, decoded
 
 

@@ -49,6 +49,19 @@ def decode_stats() -> dict[str, Any]:
     return {**_STATS, "fallback": dict(_STATS["fallback"])}
 
 
+def decoded_since(before: dict[str, Any]) -> dict[str, Any]:
+    """What this process decoded since ``before = decode_stats()``: ``images``, ``px`` (pixels out of the IDCT),
+    ``window`` and ``fallback`` (reason -> count, the reasons that occurred)."""
+    after = decode_stats()
+    fb = {k: v - before["fallback"].get(k, 0) for k, v in after["fallback"].items()}
+    return {
+        "images": after["images"] - before["images"],
+        "px": after["decoded_px"] - before["decoded_px"],
+        "window": after["window"] - before["window"],
+        "fallback": {k: v for k, v in fb.items() if v > 0},
+    }
+
+
 def reset_decode_stats() -> None:
     """Zero the counters of ``decode_stats``."""
     _STATS.update(images=0, window=0, planes=0, decoded_px=0, fallback={})

@@ -27,7 +27,7 @@ def time_detection_batches(
 ) -> tuple[dict[str, float], float, dict[str, Any]]:
     """(seconds per batch by stage, the measured total per batch, what the decoder produced): ``batches`` batches
     of ``batch_size`` built in this process, as a loader worker builds them."""
-    from pytorchtricks.data.decode import decode_stats
+    from pytorchtricks.data.decode import decode_stats, decoded_since
 
     before = decode_stats()
     order = np.random.default_rng(0).permutation(len(dataset))[: batch_size * batches]
@@ -36,14 +36,7 @@ def time_detection_batches(
     for b in range(batches):
         _one_batch(dataset, order[b * batch_size : (b + 1) * batch_size], recipe, sw, device)
     total = now_s() - t0
-    after = decode_stats()
-    fb = {k: v - before["fallback"].get(k, 0) for k, v in after["fallback"].items()}
-    decoded = {
-        "images": after["images"] - before["images"],
-        "px": after["decoded_px"] - before["decoded_px"],
-        "window": after["window"] - before["window"],
-        "fallback": {k: v for k, v in fb.items() if v > 0},
-    }
+    decoded = decoded_since(before)
     return {k: sw.totals_s.get(k, 0.0) / batches for k in STAGES}, total / batches, decoded
 
 
