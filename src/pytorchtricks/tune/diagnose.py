@@ -559,7 +559,10 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     if w.task == "classification":
         doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
     else:
-        doctor, why = None, "it reads classification folders; the detection loaders are measured below"
+        doctor = None
+        why = (
+            "tune measures the detection loaders' own rates below; `ptt doctor data ROOT` splits their batch"
+        )
         from pytorchtricks.tune.detection import loader_rates
 
         try:  # the two loaders' own rates, side by side (no step beside them)
