@@ -289,3 +289,25 @@ def test_doctor_run_says_what_a_scripts_shm_failure_means(tmp_path):
     script.write_text("raise RuntimeError('something else')\n")
     with pytest.raises(RuntimeError, match="something else"):  # other errors are the script's own
         run_script([str(script)], steps=5, warmup=0)
+
+
+@pytest.mark.filterwarnings("ignore:cache_in_ram built the arena")
+def test_the_ram_cache_build_fits_its_tasks_beside_the_arena(monkeypatch, tmp_path):
+    import pytorchtricks.tricks.data.cache_in_ram as cir
+
+    image = MIB // 2  # a decoded image of the sample's mean size
+    monkeypatch.setattr(cir, "shm_space", lambda path=shm.SHM_DIR: SMALL)
+    assert cir._build_plan(2, 0.01 * MIB, 0) == (
+        2,
+        cir.BUILD_BATCH,
+    )  # small images: the tasks fit as they are
+    with pytest.warns(PttWarning, match="hands 8 images per worker task instead of 64"):
+        assert cir._build_plan(2, image, 0) == (2, 8)  # 2 workers x 3 tasks x 8 x 0.5 MiB x 2 = 48 <= 56 MiB
+    with pytest.warns(PttWarning, match="decodes in this process"):
+        assert cir._build_plan(2, image, 52 * MIB) == (0, cir.BUILD_BATCH)  # 4 MiB left beside the arena
+    # and the build through it: the same arena whatever the plan
+    data = [(torch.full((3, 40, 50), i, dtype=torch.uint8), i) for i in range(6)]
+    monkeypatch.setattr(cir, "_build_plan", lambda workers, image_bytes, arena: (workers, 2))
+    cached = ptt.cache_in_ram(data, 16, cache_dir=str(tmp_path), num_workers=1)
+    assert [int(cached.read_raw(i)[1]) for i in range(6)] == list(range(6))
+    assert [int(cached.read_raw(i)[0][0, 0, 0]) for i in range(6)] == list(range(6))

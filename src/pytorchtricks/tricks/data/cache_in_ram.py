@@ -415,7 +415,8 @@ def _build_plan(workers: int, image_bytes: float, arena_shm_bytes: int) -> tuple
         return 0, BUILD_BATCH
     if batch < BUILD_BATCH:
         warnings.warn(
-            f"cache_in_ram: its build hands {batch} images per worker task instead of {BUILD_BATCH}, so that its "
+            f"cache_in_ram: its build hands {batch} image{'s' if batch > 1 else ''} per worker task instead of "
+            f"{BUILD_BATCH}, so that its "
             f"decoded images in flight fit {where}.",
             PttWarning,
             stacklevel=4,
