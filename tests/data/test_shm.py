@@ -53,6 +53,9 @@ def test_nothing_fits_is_a_ptt_error_with_the_size_the_need_and_the_fixes():
     ):
         assert want in text, want
     assert isinstance(err.value, ptt.PttError)
+    from pytorchtricks.core import for_cli
+
+    assert "num_workers=0" in text and "--workers 0" in for_cli(err.value)  # each reader its own spelling
 
 
 def test_without_dev_shm_there_is_nothing_to_plan(monkeypatch):

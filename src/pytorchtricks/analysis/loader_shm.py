@@ -15,13 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.data.shm import HELD_BATCHES, RESERVE_BYTES, SHM_DIR, ShmPlan, shm_space
+from pytorchtricks.data.shm import HELD_BATCHES, RESERVE_BYTES, SHM_DIR, ShmPlan, shm_fixes, shm_space
 
 PAGE = 4096  # each tensor is a shared-memory file of its own: whole pages
+# what fixes a DataLoader that ran out of /dev/shm, besides more room (data.shm.shm_fixes says how much)
+SHM_OTHER = (
+    "Or lower num_workers, prefetch_factor or the batch, or read through ptt.make_loader, which fits itself to "
+    "/dev/shm."
+)
 SHM_FIX = (
-    "Give /dev/shm room (`docker run --shm-size=...`; Kubernetes: an emptyDir with `medium: Memory` at "
-    "/dev/shm), lower num_workers, prefetch_factor or the batch, or use ptt.make_loader, which fits itself to "
-    "/dev/shm"
+    "Give /dev/shm room (`docker run --shm-size=...`; Kubernetes: an emptyDir with `medium: Memory` at /dev/shm). "
+    + SHM_OTHER
 )
 
 
@@ -54,7 +58,10 @@ def dataloader_shm(loader: Any) -> dict[str, Any] | None:
         f"workers x prefetch_factor {loader.prefetch_factor} + {HELD_BATCHES} held)"
     )
     if not fits:
-        text += f": its workers will fail ('unable to allocate shared memory' or 'Bus error'). {SHM_FIX}"
+        text += (
+            f": its workers will fail ('unable to allocate shared memory' or 'Bus error'). {shm_fixes(need, space)} "
+            f"{SHM_OTHER}"
+        )
     return {"need_bytes": need, "free_bytes": space.free_bytes, "total_bytes": space.total_bytes, "fits": fits,
             "text": text}  # fmt: skip
 

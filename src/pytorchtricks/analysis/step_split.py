@@ -388,7 +388,6 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
         om.register_optimizer_step_post_hook(rec.optimizer_post),
     ]
     base_iter = dl._BaseDataLoaderIter
-    orig_iter = dl.DataLoader.__iter__
     orig_iter_init = base_iter.__init__
 
     def check_shm(loader: Any) -> None:
@@ -396,10 +395,6 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
             rec.shm[id(loader)] = shm = dataloader_shm(loader)  # before its workers start: they may not
             if shm is not None and not shm["fits"]:
                 warnings.warn(f"ptt: a DataLoader of this run: {shm['text']}.", PttWarning, stacklevel=3)
-
-    def loader_iter(self: Any) -> Any:
-        check_shm(self)
-        return orig_iter(self)
 
     def iter_init(self: Any, loader: Any) -> None:
         # every iterator of a DataLoader starts here, also one a subclass makes in its own __iter__ (a repeating
@@ -415,7 +410,6 @@ def instrument(rec: Recorder, *, sites: bool = False) -> Iterator[Recorder]:
         "__next__",
         rec.timed("data wait", base_iter.__next__, keep=lambda a: id(a[0]) in rec.iters),
     )
-    patch(dl.DataLoader, "__iter__", loader_iter)
     patch(base_iter, "__init__", iter_init)
     patch(torch.Tensor, "backward", rec.timed("backward", torch.Tensor.backward))
     patch(torch.autograd, "backward", rec.timed("backward", torch.autograd.backward))

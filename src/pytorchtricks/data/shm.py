@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pytorchtricks.core import PttError
+from pytorchtricks.core import Option, PttError, Spelt
 
 SHM_DIR = (
     "/dev/shm"  # where torch's shared-memory tensors live on Linux (shm_open), whichever sharing strategy
@@ -101,13 +101,12 @@ class ShmPlan:
 
     def describe(self) -> str:
         """One line for the doctors: ``/dev/shm`` against this need."""
-        mib = _mib
         if self.space is None:
-            return f"no {SHM_DIR}: batches in flight {mib(self.need_bytes)} ({self.backing})"
+            return f"no {SHM_DIR}: batches in flight {_mib(self.need_bytes)} ({self.backing})"
         where = "in /dev/shm" if self.backing == "shm" else "in anonymous memory files (outside /dev/shm)"
         return (
-            f"{self.space.path} {mib(self.space.total_bytes)} ({mib(self.space.free_bytes)} free); batches in "
-            f"flight {mib(self.need_bytes)} {where}, prefetch_factor {self.prefetch_factor}"
+            f"{self.space.path} {_mib(self.space.total_bytes)} ({_mib(self.space.free_bytes)} free); batches in "
+            f"flight {_mib(self.need_bytes)} {where}, prefetch_factor {self.prefetch_factor}"
         )
 
 
@@ -149,7 +148,7 @@ def plan_shm(
                 p, "shm", need, space,
                 f"{who}: {_need_text(batch_bytes, workers, prefetch_factor)} do not fit {_space_text(space)}; "
                 f"it keeps {p} batch{'es' if p > 1 else ''} per worker in flight instead of {prefetch_factor} "
-                f"({_mib(need)}). {COST_NOTE} {_fixes(asked, space)}",
+                f"({_mib(need)}). {COST_NOTE} {shm_fixes(asked, space)}",
             )  # fmt: skip
     if memfd if memfd is not None else memfd_available():
         return ShmPlan(
@@ -157,13 +156,19 @@ def plan_shm(
             f"{who}: {_need_text(batch_bytes, workers, prefetch_factor)} do not fit {_space_text(space)}, even at "
             f"one batch per worker; its workers hand batches over through anonymous memory files instead (memory "
             f"like /dev/shm's, outside its size limit; the container's memory limit still counts them). "
-            f"{_fixes(asked, space)}",
+            f"{shm_fixes(asked, space)}",
         )  # fmt: skip
     raise ShmError(
-        f"{who}: {_need_text(batch_bytes, workers, prefetch_factor)} do not fit {_space_text(space)}, even at one "
-        f"batch per worker ({_mib(in_flight_bytes(batch_bytes, workers, 1))}), and this system cannot make "
-        f"anonymous memory files. {_fixes(asked, space)} Or use fewer workers (num_workers=0 uses no shared "
-        "memory) or a smaller batch."
+        Spelt(
+            "{who}: {need} do not fit {space}, even at one batch per worker ({one}), and this system cannot make "
+            "anonymous memory files. {fixes} Or use fewer workers ({none} uses no shared memory) or a smaller batch.",
+            who=who,
+            need=_need_text(batch_bytes, workers, prefetch_factor),
+            space=_space_text(space),
+            one=_mib(in_flight_bytes(batch_bytes, workers, 1)),
+            fixes=shm_fixes(asked, space),
+            none=Option("num_workers", 0, flag="--workers"),
+        )
     )
 
 
@@ -187,7 +192,8 @@ def _space_text(space: ShmSpace) -> str:
     return f"{space.path} ({_mib(space.total_bytes)}, {_mib(space.free_bytes)} free)"
 
 
-def _fixes(need: int, space: ShmSpace) -> str:
+def shm_fixes(need: int, space: ShmSpace) -> str:
+    """How to give ``/dev/shm`` room for ``need`` more bytes than it has free (Docker, Kubernetes)."""
     size = _round_up_gib(need + RESERVE_BYTES + space.total_bytes - space.free_bytes)
     return (
         f"To give it room: `docker run --shm-size={size}` (Docker's default is 64 MB); on Kubernetes mount an "
