@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -315,6 +315,35 @@ bench-remote: setup data peers-env
 SCALE_SIZES ?= 20000 100000
 bench-scale: setup
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/scale.py --sizes $(SCALE_SIZES) --out $(RESULTS)
+
+# Ultralytics YOLO in a fourth environment (AGPL code never in our install): the core torch pins, Ultralytics without
+# its opencv-python (the headless build instead: no GUI libraries), our data extra's decoders, and our src/ through a
+# .pth file written after the install.
+ULTRALYTICS_VENV := .venv-ultralytics
+ULTRALYTICS_PKGS := ultralytics==8.4.190
+ULTRALYTICS_DEPS := numpy pillow matplotlib pyyaml requests scipy polars ultralytics-thop opencv-python-headless \
+  simplejpeg pyturbojpeg isal lmdb rich psutil
+ultralytics-env:
+	test -x $(ULTRALYTICS_VENV)/bin/python || python3 -m venv $(ULTRALYTICS_VENV)
+	$(ULTRALYTICS_VENV)/bin/pip install -q $(TORCH_PINS) $(ULTRALYTICS_DEPS) $(PIP_C)
+	$(ULTRALYTICS_VENV)/bin/pip install -q --no-deps $(ULTRALYTICS_PKGS)
+	site=$$($(ULTRALYTICS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	printf '%s\n' "$(CURDIR)/src" > $$site/_ptt_src.pth
+
+# Stock Ultralytics YOLO vs with ptt.ultralytics.accelerate (from the original files and from a pack written for
+# imgsz) on the 2-24 MP wallpaper photos: the load stage, the whole data pipeline (mosaic on), time to the first batch
+# at 100K images (linked, not copied, under /tmp), the CPU epoch, the epoch beside a declared accelerator step, and
+# cache='ram' USS under torchrun with 2 ranks -> $(RESULTS)/ultralytics/. Sets are built first (outside the lock);
+# each part is one timed run under the lock (ULTRA_PARTS picks some), its rows appended to the part's JSONL.
+ULTRA_PARTS ?= load pipeline first-batch epoch ram
+ULTRA_ROUNDS ?= 3
+ULTRA_ARGS ?=
+ULTRA_BENCH := $(ULTRALYTICS_VENV)/bin/python benchmarks/ultralytics_bench.py --rounds $(ULTRA_ROUNDS) \
+  --out $(RESULTS)/ultralytics $(ULTRA_ARGS)
+bench-ultralytics: setup system-deps ultralytics-env
+	$(ULTRA_BENCH) --prepare $(ULTRA_PARTS)
+	for part in $(ULTRA_PARTS); do flock /tmp/ptt-bench.lock $(ULTRA_BENCH) --part $$part; done
+	$(ULTRA_BENCH) --report
 
 clean:
 	rm -rf bench-results .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
