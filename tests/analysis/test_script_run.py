@@ -347,6 +347,21 @@ def test_compare_says_what_changed_between_two_runs(tmp_path):
     assert "Verdict: input-bound" in page and "ImageFolder" in page and "<svg" in page
 
 
+def test_write_run_puts_the_first_batch_in_the_row_the_page_shows(tmp_path):
+    """The page (report/, below the jobs) renders the text the row holds; it computes nothing of analysis' own."""
+
+    from pytorchtricks.analysis.script_run import RunReport, write_run
+
+    run = RunReport(["python", "t.py"], steps=[{"data wait": 0.1, "forward": 0.1, "backward": 0.2, "optimizer": 0.05,
+                                               "other": 0.05, "step": 0.5}], verdict="compute-bound",
+                    model={"class": "TinyNet", "params": 2_000_000}, input_shape=[8, 3, 32, 48])  # fmt: skip
+    rows = [json.loads(x) for x in Path(write_run(run, str(tmp_path))).read_text().splitlines()]
+    summary = next(r for r in rows if r["kind"] == "doctor-summary")
+    assert summary["first_batch"] == run.first_batch() == "8x3x32x48"
+    page = (tmp_path / "report.html").read_text()
+    assert "model TinyNet (2.0 M params), first batch 8x3x32x48" in page
+
+
 @pytest.mark.slow
 def test_the_fix_in_place_says_what_changed(photos, tmp_path, monkeypatch, capsys):
     """-j 0 with a DataLoader, then -j 2 with ptt.make_loader in place (the clean script's --loader ptt):

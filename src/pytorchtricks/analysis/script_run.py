@@ -228,7 +228,7 @@ def write_run(
         "kind": "doctor-summary", "mean_s": r.mean_s(), "verdict": r.verdict, "evidence": r.evidence, "fix": r.fix,
         "loaders": r.loaders, "model": r.model, "optimizer": r.optimizer, "syncs_per_step": r.syncs,
         "peak_rss_bytes": r.peak_rss_bytes, "input_shape": r.input_shape,
-        "input_list": r.input_list, "script": r.script, "sites": r.sites,
+        "input_list": r.input_list, "first_batch": r.first_batch(), "script": r.script, "sites": r.sites,
         "lint": r.lint, "compared": compared or [], "cpu": r.cpu, "core_seconds": r.core_seconds, "busy": r.busy,
     })  # fmt: skip
     rows = json.loads(json.dumps(rows, default=str))  # what the file holds is what the page shows

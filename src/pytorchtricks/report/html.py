@@ -3,7 +3,9 @@ network).
 
 ``render(payload)`` takes the tune receipt as plain data (``dataclasses.asdict`` of a ``TuneResult``, as also stored
 in ``results.jsonl``) and returns the page; ``render_doctor(rows)`` takes the rows of a ``ptt doctor run``
-results.jsonl. Every string from the run is HTML-escaped.
+results.jsonl (each row holds the text the page shows, the first batch's too). Every string from the run is
+HTML-escaped. Plain data in, a page out: this floor imports none of the jobs that write pages (``analysis``,
+``tune``), which sit above it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from pytorchtricks.analysis.step_split import first_batch_text
 from pytorchtricks.report import plots
 
 CSS = """
@@ -409,9 +410,9 @@ def render_doctor(
     model, opt = summ.get("model") or {}, summ.get("optimizer") or {}
     what = []
     if model:
-        shape = first_batch_text(summ.get("input_shape") or [], summ.get("input_list"))
         what.append(
-            f"model {_e(model['class'])} ({model['params'] / 1e6:.1f} M params), first batch {_e(shape)}"
+            f"model {_e(model['class'])} ({model['params'] / 1e6:.1f} M params), first batch "
+            f"{_e(summ['first_batch'])}"
         )
     if opt:
         what.append("optimizer " + _e(", ".join(f"{k}={v}" for k, v in opt.items())))
