@@ -18,7 +18,7 @@ FLOORS: dict[str, int] = {
     "tunable": 0,
     "shards": 1, "data": 1,
     "tricks": 2, "catalogue": 2, "distributed": 2,
-    "analysis": 3, "bench": 3, "infer": 3, "tune": 3, "report": 3,
+    "analysis": 3, "bench": 3, "infer": 3, "tune": 3, "report": 3, "integrations": 3,
     "cli": 4, "__main__": 4,
 }  # fmt: skip
 

@@ -139,6 +139,8 @@ _EXPORTS: dict[str, str] = {
     "profile": "pytorchtricks.analysis.profile",
     "ProfileConfig": "pytorchtricks.analysis.profile",
     "watch": "pytorchtricks.analysis.watch",
+    # integrations (optional extras: the framework is imported when called)
+    "ultralytics": "pytorchtricks.integrations.ultralytics",
     # tune
     "tune_model": "pytorchtricks.tune.engine",
     "TuneConfig": "pytorchtricks.tune.engine",

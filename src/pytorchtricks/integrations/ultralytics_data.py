@@ -1,0 +1,386 @@
+"""What an accelerated Ultralytics dataset reads: photos through our DCT-scaled decode at the size its ``load_image``
+asks for, a detection pack written for ``imgsz``, and ``cache='ram'`` as our node-shared arena.
+
+No Ultralytics code here: ``dataset_class(base)`` subclasses the dataset class Ultralytics hands us at run time and
+overrides five of its methods (``get_img_files``, ``get_labels``, ``cache_labels``, ``load_image``, ``cache_images``
+with its RAM check); everything else - its labels, mosaic, mixup, affine, HSV, letterbox, collate - is its own.
+The sizes follow its documented rule for ``load_image``: the long side to ``imgsz`` (``ceil`` of the scaled sides,
+capped at ``imgsz``), or the short side (``resize_short``), or stretched to a fixed ``(h, w)`` (``rect_mode=False``);
+its images are BGR, ours are made BGR once, at the output's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytorchtricks.core import PttError, cache_root
+from pytorchtricks.data.decode import image_size, is_jpeg
+from pytorchtricks.data.geometry import Geometry
+
+__all__ = ["PackLabels", "dataset_class", "exif_rotated", "is_detection_pack", "read_resized", "yolo_hw"]
+
+_CLASSES: dict[type, type] = {}
+_LOCK = threading.Lock()
+
+
+def yolo_hw(
+    h0: int,
+    w0: int,
+    imgsz: int | tuple[int, int] | list[int],
+    rect_mode: bool = True,
+    resize_short: bool = False,
+) -> tuple[int, int]:
+    """The ``(h, w)`` Ultralytics' ``load_image`` resizes an ``h0`` x ``w0`` image to.
+
+    Example:
+        >>> yolo_hw(3000, 4000, 640), yolo_hw(480, 640, 640), yolo_hw(3000, 4000, 640, resize_short=True)
+        ((480, 640), (480, 640), (640, 854))
+    """
+    shape = (int(imgsz[0]), int(imgsz[1])) if isinstance(imgsz, tuple | list) else (int(imgsz), int(imgsz))
+    size = max(shape)
+    if not rect_mode:
+        return shape
+    if resize_short:
+        r = size / min(h0, w0)
+        if r == 1:
+            return h0, w0
+        return (size, math.ceil(w0 * r)) if h0 < w0 else (math.ceil(h0 * r), size)
+    r = size / max(h0, w0)
+    if r == 1:
+        return h0, w0
+    return min(math.ceil(h0 * r), size), min(math.ceil(w0 * r), size)
+
+
+def exif_rotated(raw: bytes | memoryview) -> bool:
+    """True when a JPEG's EXIF orientation is not 1: OpenCV's decode turns such a photo upright, ours does not."""
+    head = bytes(raw[: 1 << 16])
+    if b"Exif\x00\x00" not in head:
+        return False
+    import io
+
+    from PIL import Image
+
+    try:
+        return int(Image.open(io.BytesIO(bytes(raw))).getexif().get(0x0112, 1)) != 1
+    except Exception:  # unreadable EXIF: let the stock decode judge the file
+        return True
+
+
+def read_resized(
+    raw: bytes | memoryview, hw: tuple[int, int] | None = None, *, imgsz: Any = None
+) -> np.ndarray | None:
+    """``raw`` (a JPEG) decoded at the DCT scale, resampled from its planes to ``hw`` (or ``yolo_hw`` of ``imgsz``),
+    as BGR uint8 HxWx3; ``None`` when it is not ours to read (not a JPEG, or EXIF-rotated: the stock decode reads it).
+    """
+    if not is_jpeg(raw) or exif_rotated(raw):
+        return None
+    import cv2
+
+    h0, w0 = image_size(raw)
+    if hw is None:
+        hw = yolo_hw(h0, w0, imgsz)
+    out = Geometry((h0, w0), (0.0, 0.0, float(h0), float(w0)), hw).warp(raw)
+    return cv2.cvtColor(out, cv2.COLOR_RGB2BGR, dst=out)
+
+
+def is_detection_pack(path: Any) -> bool:
+    """``path`` is a ``ptt pack`` folder of a detection root (its manifest says so)."""
+    if not isinstance(path, str | os.PathLike):
+        return False
+    manifest = os.path.join(os.fspath(path), "manifest.json")
+    if not os.path.isfile(manifest):
+        return False
+    with open(manifest, encoding="utf-8") as fh:
+        return "detection" in json.load(fh)
+
+
+class PackLabels:
+    """A detection pack read as Ultralytics' label dicts: records ordered as the root listed its images (the
+    records' ``image_id``), boxes normalised ``xywh`` of the stored image, classes as stored (YOLO's class index).
+    Read once per pack and kept under ``core.cache_root("ultralytics")`` by the manifest's digest."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from pytorchtricks.shards.dataset import ShardDataset
+
+        self.path = os.path.abspath(os.fspath(path))
+        with open(os.path.join(self.path, "manifest.json"), encoding="utf-8") as fh:
+            self.manifest = json.load(fh)
+        det = self.manifest["detection"]
+        if det.get("format") != "yolo":
+            raise PttError(
+                f"{self.path} packs a {det.get('format')} root; Ultralytics reads YOLO class indices: pack the YOLO "
+                "root (images/ + labels/) with `ptt pack ROOT OUT --split train --max-side IMGSZ`."
+            )
+        self.dataset = ShardDataset(self.path, decode=None)
+        self.max_side = self.manifest.get("options", {}).get("max_side")
+        self.order, self.labels = self._load()
+
+    def _load(self) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        key = hashlib.sha256(f"{self.path}:{self.manifest.get('digest')}".encode()).hexdigest()[:16]
+        memo = os.path.join(cache_root("ultralytics"), f"pack-labels-{key}.json")
+        if os.path.isfile(memo):
+            with open(memo, encoding="utf-8") as fh:
+                rows = json.load(fh)
+        else:
+            rows = []
+            for i in range(len(self.dataset)):
+                t = self.dataset.read_raw(i)[2]["target"]
+                rows.append([i, int(t["image_id"]), t["size"], t.get("boxes") or [], t.get("labels") or []])
+            rows.sort(key=lambda r: r[1])
+            os.makedirs(os.path.dirname(memo), exist_ok=True)
+            with open(memo + ".tmp", "w", encoding="utf-8") as fh:
+                json.dump(rows, fh)
+            os.replace(memo + ".tmp", memo)
+        order = np.array([r[0] for r in rows], np.int64)
+        return order, [self._label(*r) for r in rows]
+
+    def _label(
+        self, rec: int, image_id: int, size: list[int], boxes: list[Any], cls: list[Any]
+    ) -> dict[str, Any]:
+        h, w = float(size[0]), float(size[1])
+        b = np.asarray(boxes, np.float64).reshape(-1, 4)
+        xywh = np.stack([(b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h, (b[:, 2] - b[:, 0]) / w,
+                         (b[:, 3] - b[:, 1]) / h], 1) if len(b) else np.zeros((0, 4))  # fmt: skip
+        return {
+            "im_file": self.file(image_id),
+            "shape": (int(size[0]), int(size[1])),
+            "cls": np.asarray(cls, np.float32).reshape(-1, 1),
+            "bboxes": xywh.astype(np.float32),
+            "segments": [],
+            "keypoints": None,
+            "normalized": True,
+            "bbox_format": "xywh",
+        }
+
+    def file(self, image_id: int) -> str:
+        """The name a record goes by in Ultralytics' ``im_files`` (inside the pack folder: never opened)."""
+        return os.path.join(self.path, f"{image_id:09d}.jpg")
+
+    def read(self, k: int) -> bytes:
+        """Sample ``k`` (the dataset's order) as stored: the JPEG written at pack time."""
+        raw = self.dataset.read_raw(int(self.order[k]))[0]
+        return bytes(raw)
+
+
+class _Photos:
+    """The images a dataset reads, decoded at its sizes (BGR): what ``cache_in_ram`` writes into the arena."""
+
+    def __init__(self, files: list[str], hws: list[tuple[int, int]], pack: str | None) -> None:
+        self.files, self.hws, self.pack = np.array(files), np.array(hws, np.int64), pack
+        self._labels: PackLabels | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def raw(self, i: int) -> bytes:
+        if self.pack is not None:
+            if self._labels is None:
+                self._labels = PackLabels(self.pack)
+            return self._labels.read(i)
+        with open(str(self.files[i]), "rb") as fh:
+            return fh.read()
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        raw = self.raw(i)
+        hw = (int(self.hws[i][0]), int(self.hws[i][1]))
+        got = read_resized(raw, hw)
+        if got is None:  # not a JPEG we read: OpenCV's own decode, as the stock loader would
+            import cv2
+
+            got = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR)
+            if got is None:
+                raise PttError(f"cannot decode {self.files[i]}: not an image OpenCV reads.")
+            got = cv2.resize(got, (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
+        return got, 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_labels": None}
+
+
+class _ArenaImages:
+    """The arena seen as Ultralytics' ``ims``: ``ims[i]`` a private copy of image ``i`` (its transforms may write
+    into what ``load_image`` returns; the arena is mapped read-only and shared by every process)."""
+
+    def __init__(self, cached: Any) -> None:
+        self.cached = cached
+
+    def __len__(self) -> int:
+        return len(self.cached)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array(self.cached.read_raw(int(i))[0])
+
+
+def _digest(files: list[str], hws: list[tuple[int, int]], pack: str | None) -> str:
+    """The arena's key: the files (path, size, mtime) or the pack's manifest digest, with every image's size."""
+    h = hashlib.sha256(b"ultralytics-bgr-v1\n")
+    if pack is not None:
+        with open(os.path.join(pack, "manifest.json"), "rb") as fh:
+            h.update(fh.read())
+    else:
+        for f in files:
+            st = os.stat(f)
+            h.update(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    h.update(np.asarray(hws, np.int64).tobytes())
+    return h.hexdigest()
+
+
+def dataset_class(base: type, *, log: Any = None) -> type:
+    """``base`` (Ultralytics' ``YOLODataset``, or a subclass of it) with our reads: made once per class."""
+    with _LOCK:
+        made = _CLASSES.get(base)
+        if made is None:
+            made = _CLASSES[base] = _make(base, log)
+    return made
+
+
+def _make(base: type, log: Any) -> type:  # one class, its overrides side by side
+    say = log.info if log is not None else (lambda msg: None)
+
+    class PttDataset(base):  # type: ignore[misc, valid-type]
+        """Ultralytics' dataset reading through pytorchtricks (``ptt.ultralytics.accelerate``)."""
+
+        _ptt_pack: PackLabels | None = None
+
+        def get_img_files(self, img_path: Any) -> list[str]:
+            if is_detection_pack(img_path):
+                self._ptt_pack = PackLabels(img_path)
+                self._ptt_check_pack()
+                files = [lb["im_file"] for lb in self._ptt_pack.labels]
+                say(
+                    f"{self.prefix}ptt: reading the pack {self._ptt_pack.path} ({len(files)} images, labels in it)"
+                )
+                return files
+            return list(super().get_img_files(img_path))
+
+        def _ptt_check_pack(self) -> None:
+            pack = self._ptt_pack
+            assert pack is not None
+            size = max(self.imgsz) if isinstance(self.imgsz, tuple | list) else int(self.imgsz)
+            if pack.max_side is not None and int(pack.max_side) < size:
+                raise PttError(
+                    f"the pack {pack.path} stores images with the long side at most {pack.max_side} px, but the "
+                    f"trainer's imgsz is {size}: repack with `ptt pack ROOT OUT --max-side {size}` (or train at "
+                    f"imgsz={pack.max_side})."
+                )
+            if self.fraction != 1.0:
+                raise PttError(
+                    "fraction= is not read from a pack: pack the images you train on, or drop fraction."
+                )
+
+        def get_labels(self) -> list[dict[str, Any]]:
+            if self._ptt_pack is not None:
+                return [
+                    dict(lb, cls=lb["cls"].copy(), bboxes=lb["bboxes"].copy()) for lb in self._ptt_pack.labels
+                ]
+            return list(super().get_labels())
+
+        def _ptt_label_cache(self, path: Path) -> Path:
+            key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+            return Path(cache_root("ultralytics", "labels")) / f"{key}-{Path(path).name}"
+
+        def _load_or_scan_cache(self, cache_path: Path, cache_hash: str) -> Any:
+            ours = self._ptt_label_cache(
+                cache_path
+            )  # theirs beside the labels is read when it is there, never written
+            use = ours if ours.exists() or not Path(cache_path).exists() else Path(cache_path)
+            return super()._load_or_scan_cache(use, cache_hash)
+
+        def cache_labels(self, path: Path = Path("./labels.cache")) -> dict[str, Any]:
+            ours = (
+                self._ptt_label_cache(path)
+                if Path(path).parent != self._ptt_label_cache(path).parent
+                else path
+            )
+            ours.parent.mkdir(parents=True, exist_ok=True)
+            return dict(super().cache_labels(ours))
+
+        def _ptt_raw(self, i: int) -> bytes:
+            if self._ptt_pack is not None:
+                return self._ptt_pack.read(i)
+            with open(self.im_files[i], "rb") as fh:
+                return fh.read()
+
+        def load_image(self, i: int, rect_mode: bool = True, resize_short: bool = False) -> Any:
+            if self.ims[i] is not None or self.channels != 3:
+                return super().load_image(i, rect_mode, resize_short)
+            raw = self._ptt_raw(i)
+            if not is_jpeg(raw) or exif_rotated(raw):
+                if self._ptt_pack is not None:
+                    raise PttError(f"record {i} of {self._ptt_pack.path} is not a JPEG this loader reads.")
+                return super().load_image(i, rect_mode, resize_short)
+            h0, w0 = image_size(raw)
+            im = read_resized(raw, yolo_hw(h0, w0, self.imgsz, rect_mode, resize_short))
+            if (
+                self.augment and self.cache != "ram"
+            ):  # the mosaic's buffer of recent images, as theirs keeps it
+                self.ims[i], self.im_hw0[i], self.im_hw[i] = im, (h0, w0), im.shape[:2]
+                self.buffer.append(i)
+                if 1 < len(self.buffer) >= self.max_buffer_length:
+                    j = self.buffer.pop(0)
+                    self.ims[j], self.im_hw0[j], self.im_hw[j] = None, None, None
+            return im, (h0, w0), im.shape[:2]
+
+        def check_cache_ram(self, safety_margin: float = 1.0) -> bool:
+            return True  # cache_in_ram's own admission check (RAM and /dev/shm) decides, in cache_images
+
+        def cache_images(self) -> None:
+            if self.cache != "ram" or self.channels != 3:
+                super().cache_images()
+                return
+            from pytorchtricks.tricks.data.cache_in_ram import cache_in_ram
+
+            sizes0 = [self._ptt_hw0(i) for i in range(self.ni)]
+            hws = [yolo_hw(h, w, self.imgsz) for h, w in sizes0]
+            pack = self._ptt_pack.path if self._ptt_pack is not None else None
+            photos = _Photos(list(self.im_files), hws, pack)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                cached = cache_in_ram(photos, None, key=_digest(list(self.im_files), hws, pack))
+            for w in said:
+                say(f"{self.prefix}ptt: {w.message}")
+            if cached is photos:  # refused: its warning said why; the stock loader reads the files
+                self.cache = None
+                return
+            self.ims = _ArenaImages(cached)
+            self.im_hw0, self.im_hw = sizes0, [tuple(x) for x in hws]
+            say(
+                f"{self.prefix}ptt: cache='ram' is the node-shared arena {cached.path} ({cached.nbytes / 2**30:.2f} GB)"
+            )
+
+        def _ptt_hw0(self, i: int) -> tuple[int, int]:
+            if self._ptt_pack is not None:
+                return tuple(self._ptt_pack.labels[i]["shape"])  # type: ignore[return-value]
+            with open(self.im_files[i], "rb") as fh:
+                head = fh.read(1 << 16)
+            try:
+                return image_size(head)
+            except Exception:
+                with open(self.im_files[i], "rb") as fh:
+                    return image_size(fh.read())
+
+        def __reduce_ex__(self, protocol: Any) -> Any:  # a class made at run time pickles by its base's name
+            return (_restore, (base.__module__, base.__qualname__), self.__dict__)
+
+    PttDataset.__name__ = PttDataset.__qualname__ = f"Ptt{base.__name__}"
+    return PttDataset
+
+
+def _restore(module: str, qualname: str) -> Any:
+    """An empty instance of ``dataset_class`` of the class ``module.qualname`` (unpickling in a worker)."""
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    cls = dataset_class(obj)
+    return cls.__new__(cls)
