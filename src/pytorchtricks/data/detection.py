@@ -134,6 +134,9 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self.image_ids, self.sizes, self.boxes, self.labels = t.image_ids, t.sizes, t.boxes, t.labels
         self.iscrowd, self.area = t.iscrowd, t.area
         self.offsets, self.segmentation = t.offsets, t.segmentation
+        # YOLO's boxes stay normalised in the tables; image_hw fills ``sizes`` in as it learns them, so which images
+        # are normalised is fixed here, once (reading it from ``sizes`` later left boxes normalised after image_hw)
+        self._normalised = np.asarray(self.sizes).reshape(-1, 2)[:, 0] <= 0
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -162,7 +165,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         """Image ``i``'s target (boxes in pixels; YOLO's normalised boxes scaled by ``hw`` or the header's size)."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         boxes = self.boxes[lo:hi].copy()
-        if self.sizes[i][0] <= 0:  # YOLO: normalised until the image size is known
+        if self._normalised[i]:  # YOLO: normalised until the image size is known
             h, w = hw or self.image_hw(i)
             boxes *= np.array([w, h, w, h], np.float32)
         t: dict[str, Any] = {
@@ -172,7 +175,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             "iscrowd": torch.from_numpy(self.iscrowd[lo:hi].copy()),
             "area": torch.from_numpy(self.area[lo:hi].copy()),
         }
-        if self.sizes[i][0] <= 0:
+        if self._normalised[i]:
             t["area"] = (t["boxes"][:, 2] - t["boxes"][:, 0]) * (t["boxes"][:, 3] - t["boxes"][:, 1])
         if i in self.segmentation:
             t["segmentation"] = json.loads(self.segmentation[i])
