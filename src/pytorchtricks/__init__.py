@@ -122,8 +122,8 @@ _EXPORTS: dict[str, str] = {
     "ShardDataset": "pytorchtricks.shards.dataset",
     "ShardStream": "pytorchtricks.shards.stream",
     "StreamConfig": "pytorchtricks.shards.stream",
-    "ShardError": "pytorchtricks.shards.errors",
-    "DecodeError": "pytorchtricks.shards.errors",
+    "ShardError": "pytorchtricks.data.errors",
+    "DecodeError": "pytorchtricks.data.errors",
     "inspect_shards": "pytorchtricks.shards.inspect",
     # analysis
     "check_transform": "pytorchtricks.safety",

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pytorchtricks.data import decode, decode_roi
+from pytorchtricks.data.errors import DecodeError
 from pytorchtricks.data.photoset import wallpaper_sources
-from pytorchtricks.shards.errors import DecodeError
 
 TARGET = (224, 224)
 # The loss of the decode path itself (DCT-scaled decode + one bilinear resize, vs a full-size decode + area resize):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.stream import ShardStream
 from pytorchtricks.shards.writer import pack
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.inspect import inspect_shards
 from pytorchtricks.shards.stream import ShardStream
 from pytorchtricks.shards.writer import pack
@@ -618,7 +618,7 @@ def _pickled_npy() -> bytes:
 _READ_IN_CHILD = """
 import sys, hashlib
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards.inspect import inspect_shards
 dst = sys.argv[1]
 try:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards.ptt_format import MappedShard, read_ptt_table, write_ptt_shard
 from pytorchtricks.shards.record import decode_record, encode_record
 from pytorchtricks.shards.tar_format import iter_tar_groups, tar_sample, tar_sample_members, write_tar_shard

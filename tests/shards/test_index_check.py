@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import ShardError
 
 
 @pytest.fixture

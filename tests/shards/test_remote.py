@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import remote, upload
 from pytorchtricks.shards.cache import NodeCache
 from pytorchtricks.shards.dataset import ShardDataset
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.remote import scrub_url, with_retries
 from pytorchtricks.shards.stream import ShardStream
 from pytorchtricks.shards.writer import pack

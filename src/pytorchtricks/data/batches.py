@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError, PttWarning
+from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.data.images import SampleMaker, read_item, sample_rng
 from pytorchtricks.data.shm import HELD_BATCHES, ShmError, ShmPlan, plan_shm
-from pytorchtricks.shards.errors import DecodeError, ShardError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

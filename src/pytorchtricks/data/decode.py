@@ -24,7 +24,7 @@ import numpy as np
 
 from pytorchtricks.core import PttError, PttWarning
 from pytorchtricks.data import decode_roi
-from pytorchtricks.shards.errors import DecodeError
+from pytorchtricks.data.errors import DecodeError
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in original-image pixels
 BACKENDS: tuple[str, ...] = ("roi", "simplejpeg", "turbojpeg", "opencv", "pil-draft", "pil")

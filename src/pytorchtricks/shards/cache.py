@@ -25,8 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pytorchtricks.core import PttError, PttWarning, cache_root
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.remote import fetch_bytes, filesystem, is_url, join_url, scrub_url, with_retries
 
 

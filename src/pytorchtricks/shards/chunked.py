@@ -33,10 +33,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.data.sources import Source, process_item
 from pytorchtricks.shards import layout
 from pytorchtricks.shards._pool import ordered_map
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.ptt_format import read_ptt_table, write_ptt_shard
 from pytorchtricks.shards.record import encode_record
 from pytorchtricks.shards.remote import filesystem, is_url, join_url, scrub_url, with_retries

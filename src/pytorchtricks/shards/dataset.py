@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.shards import layout, ptt_format
-from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
 
 Decode = str | Callable[[Any], Any] | None

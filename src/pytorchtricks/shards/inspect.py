@@ -6,8 +6,8 @@ import os
 from typing import Any
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import DecodeError, ShardError
 
 
 def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: bool = False) -> list[str]:

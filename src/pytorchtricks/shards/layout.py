@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 
 VERSION = 1
 MANIFEST = "manifest.json"

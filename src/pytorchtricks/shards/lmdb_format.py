@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import require
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.record import crc32
 
 _U32 = struct.Struct("<I")

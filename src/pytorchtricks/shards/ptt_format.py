@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.layout import INDEX_DTYPE, open_regular
 from pytorchtricks.shards.record import crc32
 

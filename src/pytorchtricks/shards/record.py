@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 
 _U32 = struct.Struct("<I")
 ENCODED_KINDS = ("jpeg", "png", "webp", "bmp", "gif", "tiff")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pytorchtricks.core import MissingExtraError, PttError, require
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 
 T = TypeVar("T")
 

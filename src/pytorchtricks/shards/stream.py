@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import PttError, config_or_keywords
+from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
 from pytorchtricks.shards.dataset import Decode, check_on_error, make_decoder
-from pytorchtricks.shards.errors import DecodeError, ShardError
 from pytorchtricks.shards.record import decode_record
 from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.shards.tar_format import CRC_EXT, iter_tar_groups, tar_sample

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.shards.errors import ShardError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards.layout import open_regular
 from pytorchtricks.shards.record import crc32
 

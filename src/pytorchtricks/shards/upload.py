@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
-from pytorchtricks.shards.errors import ShardError
 from pytorchtricks.shards.remote import fetch_bytes, filesystem, join_url, scrub_url, with_retries
 
 JOURNAL = ".upload-journal.json"

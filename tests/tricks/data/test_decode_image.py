@@ -11,8 +11,8 @@ from PIL import Image
 import pytorchtricks as ptt
 from pytorchtricks.core import PttError
 from pytorchtricks.data.decode import available_backends, dct_scale
+from pytorchtricks.data.errors import DecodeError
 from pytorchtricks.data.photoset import wallpaper_sources
-from pytorchtricks.shards.errors import DecodeError
 
 BACKENDS = available_backends()
 

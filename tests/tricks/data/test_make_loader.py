@@ -318,8 +318,8 @@ def test_a_shard_datasets_transform_is_refused_and_on_error_skip_is_honoured(pac
     import shutil
 
     from pytorchtricks.core import PttWarning
+    from pytorchtricks.data.errors import ShardError
     from pytorchtricks.shards.dataset import ShardDataset
-    from pytorchtricks.shards.errors import ShardError
 
     with pytest.raises(ptt.PttError, match="transform= would not run"):
         make_loader(ShardDataset(packs["ptt"], decode=None, transform=lambda x: x), 4, crop=None)

@@ -1,4 +1,9 @@
-"""Errors of the shard formats (``ShardError``) and of image decoding (``DecodeError``, from ``data.decode``)."""
+"""The errors of reading a sample: its bytes are not an image (``DecodeError``, raised by ``data.decode``) or its
+pack's shard, index or record is bad (``ShardError``, raised by the formats in ``shards/``).
+
+Both live here, on the data floor below ``shards/``, because the loaders' batch reader (``data.batches``) skips a bad
+sample whichever of the two it is, and nothing on this floor may import ``shards/``.
+"""
 
 from __future__ import annotations
 
