@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics yolo-site pytest-ultralytics
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -81,7 +81,16 @@ ISA_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTR
 pytest-avx2: setup system-deps
 	$(ISA_AVX2) $(PY) -m pytest -m isa -p no:cacheprovider $(PYTEST_ARGS)
 
-test: setup system-deps lint typecheck docs pytest pytest-avx2
+# The Ultralytics integration's tests (tests/test_ultralytics.py) with Ultralytics installed outside the main venv
+# (AGPL-3.0: never in our install): .yolo-site, on PYTHONPATH for this run only; the main run skips them, saying why.
+YOLO_SITE := .yolo-site
+YOLO_SITE_PKGS := ultralytics==8.4.190 ultralytics-thop polars nvidia-ml-py
+yolo-site: setup
+	test -d $(YOLO_SITE)/ultralytics || $(PIP) install -q --target $(YOLO_SITE) --no-deps $(YOLO_SITE_PKGS)
+pytest-ultralytics: setup system-deps yolo-site
+	YOLO_OFFLINE=1 PYTHONPATH=$(YOLO_SITE) $(PY) -m pytest tests/test_ultralytics.py -p no:cacheprovider $(PYTEST_ARGS)
+
+test: setup system-deps lint typecheck docs pytest pytest-avx2 pytest-ultralytics
 
 bench: setup
 	$(PTT) bench --all --size full --out bench-results
