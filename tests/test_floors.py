@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pytorchtricks"
 FLOORS: dict[str, int] = {
     "core": 0, "hardware": 0, "quiet": 0, "clock": 0, "safety": 0, "fixtures": 0, "fashion_mnist": 0,
     "tunable": 0,
-    "shards": 1, "data": 1,
+    "shards": 1, "data": 1, "road": 1,
     "tricks": 2, "catalogue": 2, "distributed": 2,
     "analysis": 3, "bench": 3, "infer": 3, "tune": 3, "report": 3, "integrations": 3,
     "cli": 4, "__main__": 4,

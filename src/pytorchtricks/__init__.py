@@ -69,7 +69,7 @@ _EXPORTS: dict[str, str] = {
     "AutotuneConfig": "pytorchtricks.tricks.data.autotune_loader",
     "JpegFolder": "pytorchtricks.data.folder",
     "split_folders": "pytorchtricks.data.folder",
-    "open_data": "pytorchtricks.data.open_data",
+    "open_data": "pytorchtricks.road",
     "pack": "pytorchtricks.tricks.data.pack",
     "PackConfig": "pytorchtricks.tricks.data.pack",
     "decode_image": "pytorchtricks.tricks.data.decode_image",

@@ -16,7 +16,7 @@ import pytorchtricks as ptt
 from pytorchtricks.core import PttError
 from pytorchtricks.data.detection import DetectionDataset
 from pytorchtricks.data.folder import JpegFolder
-from pytorchtricks.data.open_data import open_data
+from pytorchtricks.road import open_data
 from pytorchtricks.shards.dataset import ShardDataset
 from pytorchtricks.shards.stream import ShardStream
 from pytorchtricks.shards.writer import pack

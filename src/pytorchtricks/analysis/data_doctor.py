@@ -92,7 +92,7 @@ def open_image_dataset(
     default the train split; bad annotations left out and listed in ``rejects``) -> ``DetectionDataset``; a ptt /
     lmdb pack folder or a pack's URL (``s3://...``, read through the node cache ``cache_dir``) -> ``ShardDataset``.
     A tar pack (read in order) is refused: the doctor reads by index."""
-    from pytorchtricks.data.open_data import open_data
+    from pytorchtricks.road import open_data
 
     ds = open_data(path, cache_dir=cache_dir, task="auto", split=split, on_error="skip")
     if isinstance(ds, torch.utils.data.IterableDataset):

@@ -53,7 +53,7 @@ def detection_data(data: str | None, cache_dir: str, split: str | None = None) -
     for the built-in set. Bad annotations are left out, as ``ptt pack`` leaves them out, and said (a
     ``PttWarning``): tune measures speed, and a few boxes fewer do not change it."""
     from pytorchtricks.data.detection import DetectionDataset, detection_layout, open_detection
-    from pytorchtricks.data.open_data import open_data
+    from pytorchtricks.road import open_data
 
     if data is None:
         if split is not None:

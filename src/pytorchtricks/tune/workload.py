@@ -308,7 +308,7 @@ def _dataset(
     """(dataset, description, kind, source): ``synthetic`` and the built-in set here, any path through
     ``open_data`` (the library's readers: JpegFolder, ShardDataset), with tune's own words on a refusal."""
     from pytorchtricks.data.folder import JpegFolder, split_folder, split_folders
-    from pytorchtricks.data.open_data import open_data
+    from pytorchtricks.road import open_data
 
     h, w = size
     px = f"{h} px" if h == w else f"{h}x{w} px"

@@ -112,7 +112,7 @@ def make_detection_loader(
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     rec = detection_recipe(recipe)
     if isinstance(dataset, str | os.PathLike):
-        from pytorchtricks.data.open_data import open_data
+        from pytorchtricks.road import open_data
 
         dataset = open_data(dataset, task="detection", decode=None)  # a detection root or pack (ptt / lmdb)
     if not hasattr(dataset, "__len__") or len(dataset) == 0:

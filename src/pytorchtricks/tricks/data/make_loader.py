@@ -342,7 +342,7 @@ def make_loader(
     from pytorchtricks.data.detection import refuse_detection
 
     if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
-        from pytorchtricks.data.open_data import open_data
+        from pytorchtricks.road import open_data
         from pytorchtricks.shards.stream import StreamConfig
 
         # a tar pack's own order and share

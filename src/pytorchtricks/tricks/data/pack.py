@@ -75,7 +75,7 @@ def _tune_apply(setup: TuneSetup, state: dict[str, Any]) -> None:
     if (
         setup.task == "detection"
     ):  # a detection root packs with its boxes (scaled by --resize); our loader reads it
-        from pytorchtricks.data.open_data import open_data
+        from pytorchtricks.road import open_data
 
         setup.dataset, setup.loader = open_data(state["path"], task="detection"), "ptt"
         return

@@ -2,8 +2,13 @@
 
 ``make_loader``, ``make_detection_loader``, tune, the data doctor and the CLI hand their ``--data`` string here and
 pass the object on; none of them re-reads folders with rules of its own. The readers are the shards' and the data
-wing's own (``ShardDataset``, ``ShardStream``, ``JpegFolder``, ``open_detection``), imported when used: ``data/``
-sits on the formats' floor, and ``import pytorchtricks`` stays cheap.
+wing's own (``ShardDataset``, ``ShardStream``, ``JpegFolder``, ``open_detection``), imported when used, so
+``import pytorchtricks`` stays cheap.
+
+The data road's entrance, on its own floor above both wings it chooses between: ``data/`` (what a sample is: its
+sources, decode, geometry, the folder and detection datasets) and ``shards/`` above it (the packs made from those
+samples and read back through ``data``'s decoder). Neither of them may import this module. (A module named
+``open_data`` would shadow the lazy ``ptt.open_data`` once imported, hence the road's own name.)
 """
 
 from __future__ import annotations
