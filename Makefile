@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics yolo-site pytest-ultralytics
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics yolo-site pytest-ultralytics bench-convergence
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -193,6 +193,13 @@ bench-detection-data: setup system-deps peers-env
 # interleaved -> $(RESULTS)/loader_shm.*
 bench-loader-shm: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/loader_shm.py --out $(RESULTS)
+
+# Time to accuracy (issue 48): FCOS from scratch on the learnable detection set (built under /tmp) through torchvision's
+# reference pipeline, make_detection_loader, + cache_in_ram, + channels_last/bf16; 3 seeds each, COCOeval mAP at a few
+# checkpoints -> $(RESULTS)/convergence/ (markdown + jsonl + svg). ~40 min on 2 cores. E.g. CONV_ARGS="--steps 100".
+CONV_ARGS ?=
+bench-convergence: setup system-deps
+	flock /tmp/ptt-bench.lock $(PY) benchmarks/convergence.py --out $(RESULTS)/convergence $(CONV_ARGS)
 
 # ptt doctor run --tune on torchvision's detection reference, unmodified (not vendored: REFS=a checkout of
 # pytorch/vision's references/detection) over the built-in photos with boxes -> $(RESULTS)/doctor-reference/.
