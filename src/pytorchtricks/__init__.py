@@ -70,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "JpegFolder": "pytorchtricks.data.folder",
     "split_folders": "pytorchtricks.data.folder",
     "open_data": "pytorchtricks.road",
+    "data_source": "pytorchtricks.road",
+    "DataSource": "pytorchtricks.road",
     "pack": "pytorchtricks.tricks.data.pack",
     "PackConfig": "pytorchtricks.tricks.data.pack",
     "decode_image": "pytorchtricks.tricks.data.decode_image",

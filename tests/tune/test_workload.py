@@ -37,7 +37,7 @@ def test_a_tar_pack_is_refused_with_the_fix(tmp_path, models_file, jpeg_folder):
     from pytorchtricks.shards.writer import pack
 
     pack(jpeg_folder, tmp_path / "tar", format="tar", workers=0)
-    with pytest.raises(PttError, match=r"tar shards.*--format ptt"):
+    with pytest.raises(PttError, match=r"tar pack, read in order.*--format ptt"):
         build_workload(f"{models_file}:tiny", str(tmp_path / "tar"), batch_size=4, input_size=16)
 
 

@@ -87,20 +87,15 @@ def open_image_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     split: str | None = None,
 ) -> Any:
-    """``ptt.open_data(path, task="auto")`` (the one data road): an ImageFolder tree (or a ``ROOT/train`` +
+    """``path`` read once by ``data_source`` and opened by it (the one data road): an ImageFolder tree (or a ``ROOT/train`` +
     ``ROOT/val`` root's train split, or ``split``) -> ``JpegFolder``; a COCO / YOLO / VOC root (its ``split``,
     default the train split; bad annotations left out and listed in ``rejects``) -> ``DetectionDataset``; a ptt /
     lmdb pack folder or a pack's URL (``s3://...``, read through the node cache ``cache_dir``) -> ``ShardDataset``.
     A tar pack (read in order) is refused: the doctor reads by index."""
-    from pytorchtricks.road import open_data
+    from pytorchtricks.road import data_source
 
-    ds = open_data(path, cache_dir=cache_dir, task="auto", split=split, on_error="skip")
-    if isinstance(ds, torch.utils.data.IterableDataset):
-        raise PttError(
-            f"{os.fspath(path)} is a tar pack, read in order; the data doctor reads samples by index: re-pack it "
-            "with `ptt pack SRC DST --format ptt`, or pass the ImageFolder it was packed from."
-        )
-    return ds
+    src = data_source(path, cache_dir=cache_dir, split=split)  # what the path is, read once
+    return src.check("the data doctor", by_index=True).open(on_error="skip")
 
 
 def _serial(

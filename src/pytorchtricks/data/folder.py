@@ -7,6 +7,7 @@ Not a trick: the plain-files input of ``make_loader``, the data doctor and the b
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,9 @@ def split_folders(root: str | os.PathLike[str]) -> dict[str, str]:
     return found
 
 
-def split_folder(root: str | os.PathLike[str], split: str | None = None) -> str:
+def split_folder(
+    root: str | os.PathLike[str], split: str | None = None, splits: Mapping[str, str] | None = None
+) -> str:
     """The folder of an ImageNet-style root's ``split`` (``train`` when None; ``valid`` and ``validation`` are
     ``val``), or ``root`` itself when it is one class tree and no split is asked for.
 
@@ -64,9 +67,11 @@ def split_folder(root: str | os.PathLike[str], split: str | None = None) -> str:
         ...     os.makedirs(os.path.join(d, sub))
         >>> os.path.relpath(split_folder(d, "val"), d), os.path.relpath(split_folder(d), d)
         ('val', 'train')
+
+    ``splits``: ``split_folders(root)`` when the caller has read it already.
     """
     root = os.fspath(root)
-    splits = split_folders(root)
+    splits = split_folders(root) if splits is None else splits
     if split is None:
         return splits.get("train", root)
     key = SPLIT_NAMES.get(split.lower(), split)
@@ -120,14 +125,16 @@ class JpegFolder:
         (1, ['cat'])
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, checked: bool = False) -> None:
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise PttError(f"{root!r} is not a folder; pass an ImageFolder tree (one sub-folder per class).")
-        from pytorchtricks.data.detection import refuse_detection_root
+        splits: dict[str, str] = {}
+        if not checked:  # data_source read the layout already (``checked``: it is one class tree)
+            from pytorchtricks.data.detection import refuse_detection_root
 
-        refuse_detection_root(root, "JpegFolder")  # train2017/ and val2017/ would become two classes
-        splits = split_folders(root)
+            refuse_detection_root(root, "JpegFolder")  # train2017/ and val2017/ would become two classes
+            splits = split_folders(root)
         if splits:  # the splits would silently become classes: train = 0, val = 1, each holding every class
             names = ", ".join(os.path.basename(p) for p in splits.values())
             raise PttError(

@@ -49,11 +49,11 @@ def builtin_root(cache_dir: str) -> str:
 
 def detection_data(data: str | None, cache_dir: str, split: str | None = None) -> tuple[Any, str, str]:
     """(dataset, description, source) of ``--data`` for detection: a COCO / YOLO / VOC root (``split``: which of
-    its splits, default the train split) or a COCO JSON file, opened by ``open_data(task="detection")``, or None
+    its splits, default the train split) or a COCO JSON file, read once by ``data_source`` and opened by it, or None
     for the built-in set. Bad annotations are left out, as ``ptt pack`` leaves them out, and said (a
     ``PttWarning``): tune measures speed, and a few boxes fewer do not change it."""
-    from pytorchtricks.data.detection import DetectionDataset, detection_layout, open_detection
-    from pytorchtricks.road import open_data
+    from pytorchtricks.data.detection import DetectionDataset, open_detection
+    from pytorchtricks.road import data_source
 
     if data is None:
         if split is not None:
@@ -66,27 +66,28 @@ def detection_data(data: str | None, cache_dir: str, split: str | None = None) -
         raise PttError(
             f"--data {data}: no such file or folder; give a COCO, YOLO or VOC root (or a COCO JSON)."
         )
-    fmt = detection_layout(data)  # for the description and tune's own refusal (tune reads no detection pack)
-    if fmt is None:
+    source = data_source(data, split=split)  # what --data is, read once
+    if source.task != "detection":
         raise PttError(
             f"--data {data} is not a detection root: --task detection reads COCO (annotations/instances_*.json), "
             "YOLO (images/ + labels/) or Pascal VOC (Annotations/ + JPEGImages/), or a COCO JSON file."
         )
-    found = open_data(
-        data, task="detection", split=split, on_error="skip"
-    )  # a COCO JSON: the images/ beside it
-    if not isinstance(found, DetectionDataset):  # a root, checked above: never a pack here
-        raise PttError(
-            f"--data {data}: tune reads detection roots, not packs; pass the root the pack was made from."
-        )
+    found = source.check("tune", packs=False).open(on_error="skip")
+    assert isinstance(found, DetectionDataset)  # a detection root (a pack was refused above)
     ds = found
     _say_rejects(ds, data)
     which = f" (split {ds.split})" if ds.split else ""
-    if os.path.isfile(data) and os.path.isdir(
-        beside := os.path.join(os.path.dirname(os.path.abspath(data)), "images")
-    ):
-        return ds, f"COCO {data} over {beside}: {len(ds)} images, {len(ds.categories)} categories", data
-    return ds, f"{fmt.upper()} {data}{which}: {len(ds)} images, {len(ds.categories)} categories", data
+    if source.images is not None:  # a COCO JSON over the images/ beside it
+        return (
+            ds,
+            f"COCO {data} over {source.images}: {len(ds)} images, {len(ds.categories)} categories",
+            data,
+        )
+    return (
+        ds,
+        f"{source.format.upper()} {data}{which}: {len(ds)} images, {len(ds.categories)} categories",
+        data,
+    )
 
 
 def _say_rejects(ds: Any, data: str) -> None:

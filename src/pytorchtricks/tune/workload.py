@@ -19,7 +19,7 @@ import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from torch import nn
 
 from pytorchtricks.core import Option, PttError, Spelt, cache_root, require, resolve_device
 from pytorchtricks.data.baselines import DEFAULT_WORKERS
+
+if TYPE_CHECKING:
+    from pytorchtricks.road import DataSource
 
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
@@ -56,10 +59,6 @@ def pil_mode(channels: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- datasets
-
-
-def _is_pack(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "manifest.json"))
 
 
 class SyntheticImages(torch.utils.data.Dataset):
@@ -305,10 +304,12 @@ def _resolve_shape(
 def _dataset(
     data: str | None, size: tuple[int, int], channels: int, bs: int, split: str | None = None
 ) -> tuple[Any, str, str, str | None]:
-    """(dataset, description, kind, source): ``synthetic`` and the built-in set here, any path through
-    ``open_data`` (the library's readers: JpegFolder, ShardDataset), with tune's own words on a refusal."""
-    from pytorchtricks.data.folder import JpegFolder, split_folder, split_folders
-    from pytorchtricks.road import open_data
+    """(dataset, description, kind, source): ``synthetic`` and the built-in set here, any path read once by
+    ``data_source`` and opened by it (the library's readers: JpegFolder, ShardDataset), with tune's own words on a
+    refusal."""
+    from pytorchtricks.data.folder import JpegFolder
+    from pytorchtricks.road import data_source
+    from pytorchtricks.shards.remote import is_url
 
     h, w = size
     px = f"{h} px" if h == w else f"{h}x{w} px"
@@ -319,36 +320,31 @@ def _dataset(
     if data is None:
         folder, desc = default_image_folder()
         return JpegFolder(folder), f"built-in: {desc}; crops of {px}", "files", folder
-    _refuse_detection_data(data)
-    if not os.path.isdir(data):
+    if not os.path.exists(data) and not is_url(data):
         raise PttError(
             f"the data folder {data!r} does not exist. Pass --data with an image folder (root/<class>/<image>.jpg), "
             "a ptt pack folder, or `synthetic` for generated images."
         )
-    if split is not None and not _is_pack(data):
-        split_folder(data, split)  # a split the root does not have: said in the library's words
+    src = data_source(data, split=split)  # what --data is, read once: the one data road
+    _refuse_detection_data(src)
+    src.check("tune", by_index=True)
     try:
-        ds = open_data(data, split=split)  # ROOT/train + ROOT/val: the train split (or --split), not classes
+        ds = src.open()  # ROOT/train + ROOT/val: the train split (or --split), not classes
     except PttError as exc:
-        if _is_pack(data):  # the pack's own words (a bad manifest)
+        if src.kind == "pack":  # the pack's own words (a bad manifest)
             raise
         raise PttError(
             f"the data folder {data!r} holds no images tune can read ({exc}). Put them in it as "
             "root/<class>/<image>.jpg, point --data at a ptt pack, or use --data synthetic to measure with "
             "generated images."
         ) from exc
-    if isinstance(ds, torch.utils.data.IterableDataset):
-        raise PttError(
-            f"{data} holds tar shards, which are read in order; tune reads samples by index: re-pack with "
-            "`ptt pack SRC DST --format ptt` (or lmdb)."
-        )
     if not isinstance(ds, JpegFolder):
         if len(ds) == 0:
             raise PttError(
                 f"the pack {data!r} holds no samples; pack a folder with images (`ptt pack SRC DST`)."
             )
         return ds, f"ptt pack {data}: {len(ds)} images in {len(ds.classes)} classes, {px}", "pack", data
-    splits = split_folders(data)
+    splits = src.splits
     which = next((k for k, v in splits.items() if v == ds.root), "train")
     note = f" (the {which} split of {data}; splits {', '.join(splits)})" if splits else ""
     return (
@@ -489,31 +485,27 @@ def to_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
     return x.repeat(1, reps, 1, 1)[:, :channels]
 
 
-def _refuse_detection_data(data: str) -> None:
+def _refuse_detection_data(src: DataSource) -> None:
     """A detection root or pack given to a classification tune: name the option that reads it."""
-    from pytorchtricks.data.detection import detection_layout
-    from pytorchtricks.shards.layout import load_manifest
-
-    fmt = detection_layout(data)
-    if fmt is not None:
-        raise PttError(
-            Spelt(
-                "{data} is a {fmt} detection root (boxes per image, not class folders): tune a detector on it "
-                "with {o}.",
-                data=data,
-                fmt=fmt.upper(),
-                o=Option("task", "detection"),
-            )
-        )
-    if _is_pack(data) and "detection" in load_manifest(data):
+    if src.task != "detection":
+        return
+    if src.kind == "pack":
         raise PttError(
             Spelt(
                 "{data} is a detection pack; tune reads detection roots, not packs: tune a detector on the root "
                 "it was packed from with {o}.",
-                data=data,
+                data=src.path,
                 o=Option("task", "detection"),
             )
         )
+    raise PttError(
+        Spelt(
+            "{data} is a {fmt} detection root (boxes per image, not class folders): tune a detector on it with {o}.",
+            data=src.path,
+            fmt=src.format.upper(),
+            o=Option("task", "detection"),
+        )
+    )
 
 
 def _detection_workload(
