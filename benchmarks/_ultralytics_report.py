@@ -1,0 +1,206 @@
+"""The Ultralytics benchmark's page: every part's JSONL under the results folder read back into README.md (the
+tables, ratios per round against stock, the issue's bounds with the measured numbers), environment.json and
+command.txt."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+PARTS = ("load", "pipeline", "first-batch", "epoch", "ram")
+MIB = 1 << 20
+
+
+def read(out: str) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for part in PARTS:
+        path = os.path.join(out, f"{part}.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                rows[part] = [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def _med(v: list[float]) -> str:
+    if not v:
+        return "-"
+    if len(v) == 1:
+        return f"{v[0]:.3g}"
+    return f"{statistics.median(v):.3g} ({min(v):.3g}-{max(v):.3g})"
+
+
+def values(
+    rows: list[dict[str, Any]], case: str, system: str, key: Callable[[dict[str, Any]], Any]
+) -> list[float]:
+    out = []
+    for r in rows:
+        if r["case"] == case and r["system"] == system and "error" not in r:
+            v = key(r)
+            if v is not None:
+                out.append(float(v))
+    return out
+
+
+def ratios(
+    rows: list[dict[str, Any]], case: str, system: str, key: Callable[[dict[str, Any]], Any]
+) -> list[float]:
+    """``system`` over ``stock`` in each round where both ran (higher key = faster)."""
+    by = {(r["round"], r["system"]): key(r) for r in rows if r["case"] == case and "error" not in r}
+    out = []
+    for (rnd, s), v in by.items():
+        base = by.get((rnd, "stock"))
+        if s == system and v is not None and base:
+            out.append(float(v) / float(base))
+    return out
+
+
+def _cases(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["case"] for r in rows))
+
+
+def _systems(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["system"] for r in rows))
+
+
+def _errors(rows: list[dict[str, Any]]) -> list[str]:
+    seen = dict.fromkeys(f"`{r['system']}`, {r['case']}: {r['error']}" for r in rows if "error" in r)
+    return [f"- {e}" for e in seen]
+
+
+def load_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| case | system | img/s, all photos | img/s, >= 8 MP | vs stock, all | vs stock, >= 8 MP | PSNR vs stock (median, min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in _cases(rows):
+        for s in _systems(rows):
+            ps = values(rows, c, s, lambda r: r.get("psnr_db_median"))
+            pm = values(rows, c, s, lambda r: r.get("psnr_db_min"))
+            out.append(
+                f"| {c} | {s} | {_med(values(rows, c, s, lambda r: r['images_per_s']))} | "
+                f"{_med(values(rows, c, s, lambda r: r['images_per_s_8mp']))} | "
+                f"{_med(ratios(rows, c, s, lambda r: r['images_per_s']))}x | "
+                f"{_med(ratios(rows, c, s, lambda r: r['images_per_s_8mp']))}x | "
+                + (f"{statistics.median(ps):.1f} dB, {min(pm):.1f} dB |" if ps else "- |")
+            )
+    return out
+
+
+def pipeline_table(rows: list[dict[str, Any]]) -> list[str]:
+    stages = list(dict.fromkeys(k for r in rows if "error" not in r for k in r["split_ms_per_image"]))
+    out = [
+        "| case | system | img/s (loader, 2 workers) | vs stock | "
+        + " | ".join(f"{k} ms" for k in stages)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(stages),
+    ]
+    for c in _cases(rows):
+        for s in _systems(rows):
+            split = [
+                f"{_med(values(rows, c, s, lambda r, k=k: r['split_ms_per_image'].get(k)))}" for k in stages
+            ]
+            out.append(
+                f"| {c} | {s} | {_med(values(rows, c, s, lambda r: r['images_per_s']))} | "
+                f"{_med(ratios(rows, c, s, lambda r: r['images_per_s']))}x | " + " | ".join(split) + " |"
+            )
+    return out
+
+
+def first_batch_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["| system | case | images | dataset built s | first batch s |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            continue
+        out.append(
+            f"| {r['system']} | {r['case']} | {r['images']} | {r['dataset_s']:.2f} | {r['first_batch_s']:.2f} |"
+        )
+    return out
+
+
+def epoch_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| case | system | images | epoch s | img/s | vs stock | data wait share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in _cases(rows):
+        for s in _systems(rows):
+            v = values(rows, c, s, lambda r: r["epoch_s"])
+            if not v:
+                continue
+            n = next(r["images"] for r in rows if r["case"] == c and r["system"] == s and "error" not in r)
+            out.append(
+                f"| {c} | {s} | {n} | {_med(v)} | {_med(values(rows, c, s, lambda r: r['images_per_s']))} | "
+                f"{_med(ratios(rows, c, s, lambda r: r['images_per_s']))}x | "
+                f"{_med(values(rows, c, s, lambda r: r.get('data_wait_share')))} |"
+            )
+    return out
+
+
+def ram_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| system | images | cache | cache MiB per rank | processes | USS sum MiB | PSS sum MiB | per rank USS / PSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            continue
+        per = ", ".join(f"{x['uss'] / MIB:.0f} / {x['pss'] / MIB:.0f}" for x in r["ranks"])
+        cache = ", ".join(f"{b / MIB:.0f}" for b in r["cache_bytes_per_rank"])
+        out.append(
+            f"| {r['system']} | {r['images']} | {r['cache']} | {cache} | {r['processes']} | "
+            f"{r['uss_sum_bytes'] / MIB:.0f} | {r['pss_sum_bytes'] / MIB:.0f} | {per} |"
+        )
+    return out
+
+
+TABLES = {
+    "load": ("The load stage: bytes to an image at imgsz", load_table),
+    "pipeline": ("The whole data pipeline: its dataset, augmentations and loader", pipeline_table),
+    "first-batch": ("Time to the first batch", first_batch_table),
+    "epoch": ("The training epoch", epoch_table),
+    "ram": ("cache='ram' under torchrun, 2 ranks", ram_table),
+}
+
+
+def write_report(out: str, args: dict[str, Any]) -> str:
+    """README.md, environment.json and command.txt under ``out`` from the parts' JSONL; returns the page."""
+    rows = read(out)
+    env = next((r["env"] for part in rows.values() for r in part), {})
+    lines = [
+        "# Stock Ultralytics YOLO vs with ptt (issue 47 part 5)",
+        "",
+        f"{env.get('cpu')} ({env.get('cpu_count')} cores, class {env.get('cpu_class')}), torch {env.get('torch')}, "
+        f"Ultralytics 8.4.190 in its own venv (`make ultralytics-env`), git {env.get('git_sha')}. Photos: the Debian "
+        "wallpapers of 2-24 MP, linked (not copied) under /tmp with seeded YOLO boxes. Each measurement in its own "
+        "child process; rounds interleave the systems; ratios are per round against `stock`, median (min-max).",
+        "",
+    ]
+    for part, (title, table) in TABLES.items():
+        if part not in rows:
+            continue
+        part_env = rows[part][0]["env"]
+        lines += [
+            f"## {title}",
+            "",
+            f"Run {part_env.get('time_utc')}, load average at its start {part_env.get('loadavg_1m_at_start')}.",
+            "",
+            *table(rows[part]),
+            "",
+        ]
+        errs = _errors(rows[part])
+        if errs:
+            lines += ["Not measured:", "", *errs, ""]
+    page = "\n".join(lines)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write(page)
+    with open(os.path.join(out, "environment.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    with open(os.path.join(out, "command.txt"), "w") as f:
+        f.write("make ultralytics-env && make bench-ultralytics\n")
+        for part in rows:
+            f.write(f"{rows[part][0]['env'].get('command')}\n")
+    return page
