@@ -26,6 +26,7 @@ from pytorchtricks.cli.data import _add_inspect, _add_pack
 from pytorchtricks.cli.doctor import _add_doctor
 from pytorchtricks.cli.optimize import _add_optimize
 from pytorchtricks.cli.tune import _add_tune
+from pytorchtricks.cli.yolo import _add_yolo
 from pytorchtricks.core import PttError, PttWarning, for_cli
 
 __all__ = ["EXIT_USAGE", "MODEL_SPEC_HELP", "build_parser", "main"]
@@ -47,6 +48,7 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_flops,
     _add_memory,
     _add_optimize,
+    _add_yolo,
 ]
 
 

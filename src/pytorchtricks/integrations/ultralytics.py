@@ -2,8 +2,10 @@
 
 Why: Ultralytics' ``load_image`` decodes every photo at full size (``cv2.imread``) and then shrinks it to ``imgsz``;
 on 12-24 MP photos that decode is most of the loader's time. Accelerated, its datasets (detect, segment, pose, obb)
-read each JPEG at the DCT scale its header allows, resample the Y/Cb/Cr planes straight to the size ``load_image``
-would have produced, and convert to BGR there (``data.geometry``); they read a ``ptt pack`` of the YOLO root
+read each JPEG at a DCT scale chosen from its header and resize it to the size ``load_image`` would have produced
+(``match="stock"``: one scale finer than the largest, then their bilinear resize, so the pixels stay within 35 dB
+of theirs; ``match="speed"``: the largest scale, the Y/Cb/Cr planes resampled to that size and made BGR there,
+``data.geometry``); they read a ``ptt pack`` of the YOLO root
 written for ``imgsz`` (labels in the pack: no full-size decode and no scan of image and label files); and
 ``cache='ram'`` becomes our node-shared arena at that size (``ptt.cache_in_ram``: one copy per node for every worker
 and rank, admitted only if it fits RAM and ``/dev/shm``). Labels, mosaic, mixup, affine, HSV, letterbox and
@@ -38,7 +40,7 @@ number stands.
 
 Caveats: Ultralytics is AGPL-3.0: it is imported only inside these functions (``pip install
 'pytorchtricks[ultralytics]'``) and none of its code is copied here. Pixels differ from the stock load by the
-decode's low-pass (>= 35 dB PSNR on the tests' photos). Multi-GPU runs that Ultralytics spawns itself
+decode's low-pass (``match="stock"``: >= 35 dB PSNR on the tests' >= 8 MP photos). Multi-GPU runs that Ultralytics spawns itself
 (``device=0,1``) start fresh processes without the callback: run each rank under ``torchrun`` with a script that
 calls ``accelerate(model)``.
 """
@@ -69,14 +71,14 @@ class _Accelerate:
     """The ``on_pretrain_routine_start`` callback: ``install(trainer, workers)``; deep-copyable (Ultralytics copies
     its callback lists for every trainer)."""
 
-    def __init__(self, workers: int | None) -> None:
-        self.workers = workers
+    def __init__(self, workers: int | None, match: str) -> None:
+        self.workers, self.match = workers, match
 
     def __call__(self, trainer: Any) -> None:
-        install(trainer, workers=self.workers)
+        install(trainer, workers=self.workers, match=self.match)
 
 
-def accelerate(model: Any = None, *, workers: int | None = None) -> Any:
+def accelerate(model: Any = None, *, workers: int | None = None, match: str = "stock") -> Any:
     """Make ``model.train(...)`` read its data through pytorchtricks (see the module docstring); returns ``model``.
 
     ``model``: an Ultralytics ``YOLO`` (anything with ``add_callback``); ``None`` installs the callback for every
@@ -88,12 +90,18 @@ def accelerate(model: Any = None, *, workers: int | None = None) -> Any:
         >>> ptt.ultralytics.accelerate  # doctest: +ELLIPSIS
         <function accelerate at ...>
     """
+    from pytorchtricks.integrations.ultralytics_data import MATCHES
+
     _ultralytics()
+    if match not in MATCHES:
+        from pytorchtricks.core import PttError
+
+        raise PttError(f"match={match!r}: use one of {', '.join(MATCHES)}.")
     if workers is not None and workers < 0:
         from pytorchtricks.core import PttError
 
         raise PttError(f"workers must be >= 0 (or None for the rule), got {workers}.")
-    cb = _Accelerate(workers)
+    cb = _Accelerate(workers, match)
     if model is None:
         from ultralytics.utils.callbacks.base import default_callbacks
 
@@ -112,7 +120,7 @@ def accelerate(model: Any = None, *, workers: int | None = None) -> Any:
     return model
 
 
-def install(trainer: Any, *, workers: int | None = None) -> bool:
+def install(trainer: Any, *, workers: int | None = None, match: str = "stock") -> bool:
     """Swap ``trainer.build_dataset`` for one whose datasets read through pytorchtricks and set its loader
     workers; True when installed. A trainer whose task has no ``YOLODataset`` is left as it is, with a
     ``NoEffectWarning`` saying why (what ``accelerate``'s callback runs)."""
@@ -132,7 +140,7 @@ def install(trainer: Any, *, workers: int | None = None) -> bool:
     original = trainer.build_dataset
 
     def build_dataset(img_path: Any, mode: str = "train", batch: int | None = None) -> Any:
-        with _dataset_class_swapped(LOGGER):
+        with _dataset_class_swapped(LOGGER, match):
             ds = original(img_path, mode, batch)
         if not type(ds).__name__.startswith("Ptt"):
             warnings.warn(
@@ -158,7 +166,7 @@ def install(trainer: Any, *, workers: int | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _dataset_class_swapped(log: Any) -> Iterator[None]:
+def _dataset_class_swapped(log: Any, match: str) -> Iterator[None]:
     """While a trainer builds a dataset, Ultralytics' builder makes our subclass of its ``YOLODataset``."""
     import ultralytics.data.build as build
 
@@ -166,7 +174,9 @@ def _dataset_class_swapped(log: Any) -> Iterator[None]:
 
     with _SWAP:
         stock = build.YOLODataset
-        build.YOLODataset = dataset_class(stock, log=log)
+        ours: Any = dataset_class(stock, log=log)
+        ours._ptt_match = match
+        build.YOLODataset = ours
         try:
             yield
         finally:
