@@ -18,7 +18,7 @@ import io
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,16 +147,57 @@ def _jpeg_size(b: bytes) -> tuple[int, int]:
 # ------------------------------------------------------------------------------------------- planning
 
 
+def short_side_hw(
+    h: int,
+    w: int,
+    size: int | None,
+    *,
+    max_size: int | None = None,
+    enlarge: bool,
+    rounding: Literal["round", "floor"],
+    scale_first: bool,
+) -> tuple[int, int]:
+    """The ``(height, width)`` an ``h`` x ``w`` image is resized to when its short side becomes ``size`` (the one
+    short-side rule; every caller names the parts its arithmetic must keep).
+
+    The ratio is ``min(size / short, max_size / long)`` (``size`` None: only ``max_size`` bounds it; both None:
+    unchanged). ``enlarge=False`` never scales up: a ratio >= 1 returns ``(h, w)`` unchanged. ``rounding``:
+    ``"round"`` (Python's, half to even) or ``"floor"`` (torchvision's ``int(side * r)``). ``scale_first``:
+    ``side * (size / short)``, one float scale for both sides (torchvision's RandomShortestSize, a pack, the RAM
+    cache), or ``side * size / short`` (False: the exact ratio rounded once, torchvision's ``Resize`` and the
+    decoder's int ``size``); the two differ where a side lands on a half pixel (``147 * 1 / 98 = 1.5`` exactly,
+    ``147 * (1 / 98) = 1.4999999999999998``). Each side is at least 1.
+
+    Example:
+        >>> short_side_hw(480, 640, 256, enlarge=False, rounding="round", scale_first=True)
+        (256, 341)
+        >>> short_side_hw(480, 640, 800, max_size=1000, enlarge=True, rounding="floor", scale_first=True)
+        (750, 1000)
+        >>> [short_side_hw(98, 147, 1, enlarge=True, rounding="round", scale_first=f)[1] for f in (True, False)]
+        [1, 2]
+    """
+    ratios = [(n, d) for n, d in ((size, min(h, w)), (max_size, max(h, w))) if n is not None]
+    if not ratios:
+        return h, w
+    num, den = min(ratios, key=lambda nd: nd[0] / nd[1])  # a tie keeps the short side's ratio
+    scale = num / den
+    if scale >= 1 and not enlarge:
+        return h, w
+    rnd = round if rounding == "round" else math.floor
+
+    def side(x: int) -> int:
+        return max(1, rnd(x * scale if scale_first else x * num / den))
+
+    return side(h), side(w)
+
+
 def _target(size: int | tuple[int, int] | None, ch: int, cw: int) -> tuple[int, int] | None:
     if size is None:
         return None
     if isinstance(size, int | np.integer):
         if size <= 0:
             raise PttError(f"size must be positive, got {size}.")
-        s = int(size)
-        if ch <= cw:
-            return s, max(1, round(cw * s / ch))
-        return max(1, round(ch * s / cw)), s
+        return short_side_hw(ch, cw, int(size), enlarge=True, rounding="round", scale_first=False)
     if len(size) != 2 or min(size) <= 0:
         raise PttError(f"size must be an int (short side) or (height, width) > 0, got {size!r}.")
     return int(size[0]), int(size[1])

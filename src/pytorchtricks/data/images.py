@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from pytorchtricks.core import PttError
-from pytorchtricks.data.decode import Box, decode_image, image_size, resize_array
+from pytorchtricks.data.decode import Box, decode_image, image_size, resize_array, short_side_hw
 
 
 def crop_decode(
@@ -75,8 +75,7 @@ def eval_geometry(
         >>> eval_geometry(375, 500, 256, (224, 224))  # a 500x375 photo -> 341x256, crop from (16, 58)
         ((256, 341), (16, 58))
     """
-    long = int(resize * max(height, width) / min(height, width))
-    rh, rw = (resize, long) if height <= width else (long, resize)
+    rh, rw = short_side_hw(height, width, resize, enlarge=True, rounding="floor", scale_first=False)
     return (rh, rw), (round((rh - crop[0]) / 2), round((rw - crop[1]) / 2))
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytorchtricks.core import PttError
+from pytorchtricks.data.decode import short_side_hw
 from pytorchtricks.data.geometry import Geometry
 
 Flip = Callable[[np.random.Generator], bool]
@@ -156,10 +157,7 @@ class DetectionRecipe:
 
 def shortest_side_size(h: int, w: int, min_size: int, max_size: int | None) -> tuple[int, int]:
     """RandomShortestSize's output ``(height, width)``: ``r = min(min_size / short, max_size / long)``, truncated."""
-    r = min_size / min(h, w)
-    if max_size is not None:
-        r = min(r, max_size / max(h, w))
-    return max(1, int(h * r)), max(1, int(w * r))
+    return short_side_hw(h, w, min_size, max_size=max_size, enlarge=True, rounding="floor", scale_first=True)
 
 
 def shortest_side_geometry(h: int, w: int, min_size: int, max_size: int | None, flip: bool) -> Geometry:

@@ -395,16 +395,10 @@ def target_hw(h: int, w: int, resize: int | None, max_side: int | None) -> tuple
         >>> target_hw(480, 640, 256, None), target_hw(480, 640, None, 320), target_hw(100, 80, 256, None)
         ((256, 341), (240, 320), None)
     """
-    scale = 1.0
-    if resize is not None and min(h, w) > resize:
-        scale = min(scale, resize / min(h, w))
-    if max_side is not None and max(h, w) > max_side:
-        scale = min(scale, max_side / max(h, w))
-    if scale >= 1.0:
-        return None
-    if resize is not None and scale == resize / min(h, w):  # the short side lands exactly on `resize`
-        return (resize, max(1, round(w * scale))) if h <= w else (max(1, round(h * scale)), resize)
-    return max(1, round(h * scale)), max(1, round(w * scale))
+    from pytorchtricks.data.decode import short_side_hw
+
+    hw = short_side_hw(h, w, resize, max_size=max_side, enlarge=False, rounding="round", scale_first=True)
+    return None if hw == (h, w) else hw
 
 
 def _strict_backend() -> str:

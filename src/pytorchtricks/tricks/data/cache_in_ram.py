@@ -36,7 +36,7 @@ import torch
 
 from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_or_keywords
 from pytorchtricks.data.batches import default_workers
-from pytorchtricks.data.decode import decode_image, image_size, resize_array
+from pytorchtricks.data.decode import decode_image, image_size, resize_array, short_side_hw
 from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.data.images import is_encoded, read_item, to_hwc
 from pytorchtricks.data.shm import RESERVE_BYTES, shm_space
@@ -103,13 +103,6 @@ TUNE = TuneHook(
 SAFETY = 1.3  # need x 1.3 must fit: sample estimates err, and the OS still needs page cache (YOLOv5 uses 1.1)
 
 
-def _short_side(h: int, w: int, size: int | None) -> tuple[int, int]:
-    if size is None or min(h, w) <= size:
-        return h, w
-    s = size / min(h, w)
-    return max(size, round(h * s)), max(size, round(w * s))
-
-
 def _decoded(raw: Any, size: int | None, max_size: int | None = None, detection: bool = False) -> np.ndarray:
     """``raw`` decoded with its short side at ``size``; a detection image as ``ptt pack --resize size --max-side
     max_size`` stores it (``target_hw``: never enlarged, the long side at most ``max_size``)."""
@@ -122,11 +115,10 @@ def _decoded(raw: Any, size: int | None, max_size: int | None = None, detection:
 
 
 def _stored_hw(h: int, w: int, size: int | None, max_size: int | None, detection: bool) -> tuple[int, int]:
-    if not detection:
-        return _short_side(h, w, size)
-    from pytorchtricks.data.sources import target_hw
-
-    return target_hw(h, w, size, max_size) or (h, w)
+    cap = (
+        max_size if detection else None
+    )  # a pack's rule (``target_hw``); a classification image: short side only
+    return short_side_hw(h, w, size, max_size=cap, enlarge=False, rounding="round", scale_first=True)
 
 
 def _detection_item(dataset: Any, i: int, size: int | None, max_size: int | None) -> tuple[np.ndarray, str]:
