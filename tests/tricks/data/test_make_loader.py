@@ -347,7 +347,7 @@ def test_make_loader_returns_one_type_and_a_device_loader_prefetches(jpegs):
     its batches come through prefetch_to_device - the same batches (checked here on the CPU path of it)."""
     import torch
 
-    from pytorchtricks.tricks.data.make_loader import Loader
+    from pytorchtricks.tricks.data._runtime import Loader
 
     plain = make_loader(jpegs, 4, crop=32, num_workers=0, seed=1)
     assert isinstance(plain, Loader) and plain.device is None

@@ -41,6 +41,7 @@ from pytorchtricks.data.folder import JpegFolder
 from pytorchtricks.data.images import is_encoded, read_item, to_hwc
 from pytorchtricks.data.shm import RESERVE_BYTES, shm_space
 from pytorchtricks.tricks._cases import first_batch_case
+from pytorchtricks.tricks.data import _runtime
 from pytorchtricks.tricks.data._arena import (
     DEFAULT_DIR,
     FORMAT,
@@ -434,12 +435,7 @@ def _build(
     os.mkdir(
         tmp, 0o700
     )  # private whatever the umask; under the build lock, after clear_builds: never there yet
-    loader = torch.utils.data.DataLoader(
-        _DecodeBatches(dataset, size, batch, detection),
-        batch_size=None,
-        num_workers=num_workers,
-        prefetch_factor=2 if num_workers else None,
-    )
+    loader = _runtime.whole_batches(_DecodeBatches(dataset, size, batch, detection), num_workers)
     writer = ArenaWriter(tmp, len(dataset))
     targets: list[str] = []
     try:

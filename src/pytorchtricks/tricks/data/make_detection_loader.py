@@ -30,15 +30,11 @@ import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, TrickInfo
-from pytorchtricks.data.batches import BatchSlots, default_workers, init_worker, plan_slots, rank_world
-from pytorchtricks.data.detection_loader import (
-    DetectionBatch,
-    DetectionBatcher,
-    GroupedEpochBatches,
-    aspect_groups,
-)
+from pytorchtricks.data.batches import BatchSlots
+from pytorchtricks.data.detection_loader import DetectionBatch, DetectionBatcher, aspect_groups
 from pytorchtricks.data.recipes import DetectionRecipe
-from pytorchtricks.tricks.data.make_loader import Loader
+from pytorchtricks.tricks.data import _runtime
+from pytorchtricks.tricks.data._runtime import Loader
 
 __all__ = ["DetectionLoaderConfig", "make_detection_loader"]
 
@@ -117,39 +113,33 @@ def make_detection_loader(
         dataset = open_data(dataset, task="detection", decode=None)  # a detection root or pack (ptt / lmdb)
     if not hasattr(dataset, "__len__") or len(dataset) == 0:
         raise PttError("make_detection_loader needs a non-empty map-style dataset (__len__ and __getitem__).")
-    rank, world = rank_world(cfg.rank, cfg.world_size)
     sizes = _sizes(dataset) if cfg.group_by_aspect and rec.kind == "shortest_side" else None
-    groups = aspect_groups(sizes) if sizes is not None else None
-    sampler = GroupedEpochBatches(
-        len(dataset), batch_size, cfg.shuffle, cfg.drop_last, cfg.seed, rank, world, groups
+    sampler = _runtime.epoch_sampler(
+        len(dataset),
+        batch_size,
+        shuffle=cfg.shuffle,
+        drop_last=cfg.drop_last,
+        seed=cfg.seed,
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        groups=aspect_groups(sizes) if sizes is not None else None,
     )
-    workers = default_workers(cfg.num_workers)
     canvas = rec.largest_canvas_hw(sizes)
     batch_bytes = batch_size * canvas[0] * canvas[1] * 3 if canvas is not None else None
-    slots, shm = plan_slots("make_detection_loader", batch_bytes, workers, cfg.prefetch_factor)
-    kwargs: dict[str, Any] = {}
-    if workers > 0:
-        kwargs.update(
-            prefetch_factor=shm.prefetch_factor if shm is not None else cfg.prefetch_factor,
-            persistent_workers=cfg.persistent_workers,
-            worker_init_fn=init_worker,
-        )
-    dl = torch.utils.data.DataLoader(
+    plan = _runtime.plan_workers("make_detection_loader", cfg.num_workers, cfg.prefetch_factor, batch_bytes)
+    return _runtime.start(
         _DetectionBatches(
-            dataset,
-            DetectionBatcher(rec, cfg.seed, cfg.backend, cfg.scaled_decode),
-            slots or BatchSlots(workers, cfg.prefetch_factor + 2),
+            dataset, DetectionBatcher(rec, cfg.seed, cfg.backend, cfg.scaled_decode), plan.reusable_slots()
         ),
-        batch_size=None,
+        plan,
         sampler=sampler,
-        num_workers=workers,
+        source=sampler,
+        batch_size=batch_size,
+        mode="train" if cfg.shuffle else "eval",
+        dropped_per_epoch=sampler.dropped(),
+        persistent_workers=cfg.persistent_workers,
         pin_memory=cfg.pin_memory,
-        **kwargs,
     )
-    return Loader(
-        dl, sampler, batch_size, mode="train" if cfg.shuffle else "eval", dropped_per_epoch=sampler.dropped(),
-        shm=shm,
-    )  # fmt: skip
 
 
 def detection_recipe(recipe: DetectionRecipe | str) -> DetectionRecipe:

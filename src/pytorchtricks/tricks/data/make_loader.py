@@ -22,25 +22,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
-from pytorchtricks.data.batches import (
-    BatchDataset,
-    EpochBatches,
-    StreamBatches,
-    default_workers,
-    init_worker,
-    plan_slots,
-    rank_world,
-)
+from pytorchtricks.data.batches import BatchDataset, StreamBatches, rank_world
 from pytorchtricks.data.decode import resize_array
 from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
-from pytorchtricks.data.shm import ShmPlan
+from pytorchtricks.tricks.data import _runtime
+from pytorchtricks.tricks.data._runtime import Loader, Mode
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, unless_input_bound
 
 __all__ = ["LoaderConfig", "make_loader"]
@@ -74,7 +67,6 @@ TUNE = TuneHook(
 )
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-Mode = Literal["train", "eval"]
 
 TRAIN_SCALE, TRAIN_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's defaults (torchvision, timm)
 EVAL_CROP_FRACTION = 0.875  # eval resizes the short side to crop / 0.875 (224 -> 256), then centre-crops
@@ -147,100 +139,6 @@ def _say_dropped(dropped: int, n: int, batch_size: int, world: int, shuffle: boo
         PttWarning,
         stacklevel=3,
     )
-
-
-class Loader:
-    """What ``make_loader`` returns: iterate for ``(images uint8 [N,3,H,W], labels int64 [N])`` batches.
-
-    ``dropped_per_epoch``: samples no rank sees in an epoch because of ``drop_last`` (``None`` for a stream with
-    drop_last, which splits itself and does not know its length). ``mode``: ``"train"`` or ``"eval"``.
-    ``device``: where the batches arrive (``None``: where the workers made them, host memory); on another device
-    each epoch's batches come through ``prefetch_to_device`` (pinned memory, side-stream copies, ahead of use).
-    ``shm``: how the workers' batches in flight fit ``/dev/shm`` (``data.shm.ShmPlan``; None without workers or
-    when the batch size is not known up front).
-    """
-
-    def __init__(
-        self,
-        dataloader: torch.utils.data.DataLoader,  # type: ignore[type-arg]
-        source: Any,
-        batch_size: int,
-        *,
-        mode: Mode = "train",
-        dropped_per_epoch: int | None = 0,
-        device: torch.device | None = None,
-        shm: ShmPlan | None = None,
-    ) -> None:
-        self.dataloader, self._source, self.batch_size = dataloader, source, batch_size
-        self.mode, self.dropped_per_epoch, self.device, self.shm = mode, dropped_per_epoch, device, shm
-        self.epoch = 0
-        self._explicit_epoch = False
-        self._running = (0, 0)  # (epoch being read, batches handed out in it)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loop stands, to resume mid-epoch - also at another world size - with ``load_state_dict``.
-
-        For a loader over a ``ShardStream``: the stream's state after the batches this loader has handed out
-        (ranks step in lockstep, so any rank's state resumes every rank). Map-style datasets have no resume.
-        """
-        stream = getattr(self._source, "stream", None)
-        if stream is None or not hasattr(stream, "state_dict"):
-            raise PttError(
-                "state_dict() resumes a loader over a ShardStream; this loader reads a map-style dataset "
-                "(resume it by epoch: loader.set_epoch(epoch))."
-            )
-        epoch, batches = self._running
-        state = dict(stream.state_dict(consumed=batches * self.batch_size))
-        state["epoch"] = epoch
-        return {"batches": batches, "stream": state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state_dict()``: the next iteration reads the rest of that epoch at this world size."""
-        stream = getattr(self._source, "stream", None)
-        if stream is None or not hasattr(stream, "load_state_dict"):
-            raise PttError(
-                "load_state_dict() resumes a loader over a ShardStream; this one reads a map-style dataset."
-            )
-        stream.load_state_dict(state["stream"])
-        self.set_epoch(int(state["stream"]["epoch"]))
-
-    def _counted(self, it: Iterator[Batch], epoch: int) -> Iterator[Batch]:
-        self._running = (epoch, 0)
-        for batch in it:
-            self._running = (epoch, self._running[1] + 1)  # handed out, as the loop sees it
-            yield batch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Fix the epoch of the next iteration (otherwise each ``iter()`` advances it by one)."""
-        self.epoch, self._explicit_epoch = int(epoch), True
-
-    def __len__(self) -> int:
-        return len(self.dataloader)
-
-    def __iter__(self) -> Iterator[Batch]:
-        self._source.epoch = self.epoch
-        if hasattr(self.dataloader.dataset, "epoch"):
-            self.dataloader.dataset.epoch = self.epoch
-        it = iter(self.dataloader)  # the sampler reads the epoch here, before any prefetch
-        epoch = self.epoch
-        if not self._explicit_epoch:
-            self.epoch += 1
-        self._explicit_epoch = False
-        if self.device is None:
-            return self._counted(it, epoch)
-        from pytorchtricks.tricks.data.prefetch_to_device import prefetch_to_device
-
-        return self._counted(iter(prefetch_to_device(_Started(it), self.device)), epoch)
-
-
-class _Started:
-    """An iterator already begun (its epoch fixed), as the iterable ``prefetch_to_device`` takes."""
-
-    def __init__(self, it: Iterator[Batch]) -> None:
-        self.it = it
-
-    def __iter__(self) -> Iterator[Batch]:
-        return self.it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,9 +236,9 @@ def make_loader(
     shuffle = train if shuffle is None else shuffle
     drop_last = train if drop_last is None else drop_last
     maker = _maker(mode, _pair(crop), resize, scale, ratio, flip, backend, scaled_decode)
-    rank, world = rank_world(rank, world_size)
     from pytorchtricks.data.detection import refuse_detection
 
+    rank, world = rank_world(rank, world_size)
     if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
         from pytorchtricks.road import open_data
         from pytorchtricks.shards.stream import StreamConfig
@@ -350,7 +248,6 @@ def make_loader(
         dataset = open_data(dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit, stream=order)
     refuse_detection(dataset, "make_loader")
     dev = torch.device(device) if device is not None else None
-    workers = default_workers(num_workers)
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
         raise PttError(
             "make_loader reads the stored records (read_raw) and decodes, crops and flips them itself, so this "
@@ -363,41 +260,42 @@ def make_loader(
     dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
     crop_hw = maker.crop
     batch_bytes = batch_size * crop_hw[0] * crop_hw[1] * 3 if crop_hw is not None else None
-    slots, shm = plan_slots("make_loader", batch_bytes, workers, prefetch_factor or 2)
+    plan = _runtime.plan_workers("make_loader", num_workers, prefetch_factor, batch_bytes)
     if iterable:
         if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
             dataset.batch_size = (
                 batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
             )
-        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed, slots)
+        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed, plan.slots)
         sampler = None
     else:
         if len(dataset) == 0:
             raise PttError("dataset is empty.")
-        source = EpochBatches(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
+        source = _runtime.epoch_sampler(
+            len(dataset),
+            batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+        )
         sampler = source
         dropped = source.dropped()
         if dropped and rank == 0:  # said once, by one rank: every rank drops the same count
             _say_dropped(dropped, len(dataset), batch_size, world, shuffle)
-    kwargs: dict[str, Any] = {}
-    if workers > 0:
-        # in batches per worker: 2 keeps every core busy; fewer where /dev/shm cannot hold them (plan_slots)
-        kwargs["prefetch_factor"] = shm.prefetch_factor if shm is not None else prefetch_factor or 2
-        kwargs["persistent_workers"] = (not iterable) if persistent_workers is None else persistent_workers
-        kwargs["worker_init_fn"] = init_worker
-    dl = torch.utils.data.DataLoader(
-        source if iterable else BatchDataset(dataset, maker, seed, slots),
-        batch_size=None,  # each item is already a whole batch
+    return _runtime.start(
+        source if iterable else BatchDataset(dataset, maker, seed, plan.slots),
+        plan,
         sampler=sampler,
-        num_workers=workers,
+        source=source,
+        batch_size=batch_size,
+        mode="train" if train else "eval",
+        dropped_per_epoch=dropped,
+        persistent_workers=(not iterable) if persistent_workers is None else persistent_workers,
         pin_memory=(dev is not None and dev.type == "cuda") if pin_memory is None else pin_memory,
-        **kwargs,
+        device=dev if dev is not None and dev.type != "cpu" else None,
     )
-    on_device = dev if dev is not None and dev.type != "cpu" else None
-    return Loader(
-        dl, source, batch_size, mode="train" if train else "eval", dropped_per_epoch=dropped, device=on_device,
-        shm=shm,
-    )  # fmt: skip
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
