@@ -76,6 +76,24 @@ def _add_tune(sub: Any) -> None:
         "without using the CPU's cores; the receipt is a projection for that step (model tricks are not measured)",
     )
     p.add_argument(
+        "--accuracy-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the recommendation, train N steps of the baseline and of the recommended pipeline from one "
+        "initialisation (--accuracy-seeds seeds each) and say whether the recommended loss stays inside the "
+        "baseline's seed-to-seed band: 'faster, and it learns the same' (extra time, outside --time-budget; "
+        "default: 0, no check)",
+    )
+    p.add_argument(
+        "--accuracy-seeds",
+        type=int,
+        default=3,
+        metavar="K",
+        help="seeds per pipeline for --accuracy-steps; each drives the data order and augmentation (default: 3, "
+        "the fewest that give a usable band)",
+    )
+    p.add_argument(
         "--out", default="tune-out", help="receipt folder, replaced atomically (default: %(default)s)"
     )
     p.set_defaults(handler=_cmd_tune)
@@ -103,6 +121,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         input_shape=args.input_shape, num_workers=args.num_workers, goal=args.goal, for_=args.for_,
         time_budget_s=args.time_budget, device=args.device, out=args.out, progress=RichProgress(console),
         memory_budget=args.memory_budget, device_step_ms=args.device_step_ms, task=args.task, split=args.split,
+        accuracy_steps=args.accuracy_steps, accuracy_seeds=args.accuracy_seeds,
     )  # fmt: skip
     console.print(receipt_table(res))
     if res.memory is not None:

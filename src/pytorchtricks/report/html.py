@@ -66,6 +66,9 @@ def _summary(p: dict[str, Any]) -> str:
         f"{_e(p.get('measured_in') or 'in an interleaved run with the baseline')}, never multiplied from single "
         "gains.</p>",
     ]
+    acc = p.get("accuracy") or {}
+    if acc.get("answer") == "outside":  # the recommendation stays, flagged: it learns differently
+        lines.append(f"<p class='rejected'><b>It learns differently.</b> {_e(acc['headline'])}</p>")
     if w.get("device_step_ms"):
         lines.append(
             f"<p class='rejected'><b>A projection.</b> The step was declared: {w['device_step_ms']:g} ms on the "
@@ -348,6 +351,33 @@ def _memory_search(p: dict[str, Any]) -> str:
     return f"<h2>Memory search</h2>\n{head}\n<div>{plot}</div>\n{_table(cols, rows)}"
 
 
+def _accuracy(p: dict[str, Any]) -> str:
+    """The parity check's section (``ptt tune --accuracy-steps``): the answer, the rule, the band and the
+    trajectories (a plot and the figures at a few steps); empty without a check."""
+    acc = p.get("accuracy")
+    if not acc:
+        return ""
+    head = (
+        f"<h2>Learns the same?</h2>\n<p class='big {'kept' if acc['answer'] == 'inside' else 'rejected'}'>"
+        f"{_e(acc['headline'])}</p>"
+    )
+    if not acc.get("lower"):
+        return head
+    n = len(acc["lower"])
+    rule = (
+        f"<p>{acc['steps']} training steps from one initialisation, seeds 0-{acc['seeds'] - 1} (the seed drives "
+        f"the data order and augmentation), baseline and {_e(' + '.join(acc['recommended']))}. Rule: "
+        f"{_e(acc['rule'])}. Inside at {acc['share_inside']:.0%} of the steps; at the last step "
+        f"{'inside' if acc['final_inside'] else 'outside'}. Every loss is in results.jsonl (tune-accuracy).</p>"
+    )
+    at = sorted({0, n // 4, n // 2, (3 * n) // 4, n - 1})
+    rows = [[str(i + 1), f"{acc['band_min'][i]:.4g}-{acc['band_max'][i]:.4g}",
+             f"{acc['lower'][i]:.4g}-{acc['upper'][i]:.4g}", _e(f"{float(acc['recommended_mean'][i]):.4g}")]
+            for i in at]  # fmt: skip
+    table = _table(["step", "baseline min-max", "band (widened)", "recommended mean"], rows)
+    return f"{head}\n{rule}\n<div class='plots'>{plots.loss_band(acc)}</div>\n{table}"
+
+
 def render(p: dict[str, Any]) -> str:
     """The whole page for receipt ``p``."""
     notes = "".join(f"<li>{_e(n)}</li>" for n in p.get("notes") or [])
@@ -359,6 +389,7 @@ def render(p: dict[str, Any]) -> str:
 <h1>ptt tune receipt</h1>
 {_summary(p)}
 {_memory_search(p)}
+{_accuracy(p)}
 <h2>Plots</h2>
 {_plots(p)}
 <h2>Candidates</h2>

@@ -156,3 +156,25 @@ def memory_frontier(points: list[dict[str, Any]], budget_bytes: int | None, reco
     ax.legend(fontsize=8, loc="lower right", frameon=False)
     ax.set_title("Speed vs memory: every measured configuration", fontsize=11)
     return _svg(fig)
+
+
+def loss_band(acc: dict[str, Any]) -> str:
+    """The parity check of ``ptt tune --accuracy-steps``: the baseline's seed-to-seed band of the smoothed loss
+    (its [min, max] dark, widened by the rule light) and the recommended runs' smoothed seed mean, per step.
+
+    ``acc``: the receipt's ``accuracy`` record (``tune.accuracy.AccuracyCheck`` as plain data).
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    steps = list(range(1, len(acc["lower"]) + 1))
+    ax.fill_between(steps, acc["lower"], acc["upper"], color=BASE, alpha=0.15, lw=0, label="band, widened")
+    ax.fill_between(steps, acc["band_min"], acc["band_max"], color=BASE, alpha=0.4, lw=0,
+                    label=f"baseline: min-max of {acc['seeds']} seeds")  # fmt: skip
+    mean = [float(v) for v in acc["recommended_mean"]]  # "inf" (a diverged run) is not drawn
+    ax.plot(steps, [v if v != float("inf") else float("nan") for v in mean],
+            color=KEPT if acc["answer"] == "inside" else "#e76f51", lw=1.6, label="recommended: seed mean")  # fmt: skip
+    ax.set_xlabel(f"training step (losses smoothed over {acc['window']} step(s))")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=8, loc="upper right", frameon=False)
+    ax.set_title(f"Learns the same? {acc['answer']}", fontsize=11)
+    return _svg(fig)

@@ -128,6 +128,24 @@ def memory_table(res: TuneResult) -> Any:
     return table
 
 
+def _learns_differently(res: TuneResult) -> bool:
+    from pytorchtricks.tune.accuracy import OUTSIDE
+
+    return res.accuracy is not None and res.accuracy.answer == OUTSIDE
+
+
+def accuracy_line(chk: Any) -> str:
+    """The parity check's answer (``tune.accuracy.AccuracyCheck``) as one console line: red when the recommended
+    pipeline learns differently."""
+    from rich.markup import escape
+
+    from pytorchtricks.tune.accuracy import INSIDE, OUTSIDE, headline
+
+    style = {INSIDE: "green", OUTSIDE: "bold red"}.get(chk.answer)
+    word, _, rest = headline(chk).partition(": ")
+    return f"[{style}]{escape(word)}[/]: {escape(rest)}" if style else f"{escape(word)}: {escape(rest)}"
+
+
 def summary_lines(res: TuneResult, out: str | None) -> list[str]:
     from rich.markup import escape
 
@@ -143,6 +161,7 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
         lines.append(
             f"recommended: {escape(', '.join(res.recommended))} -> {speedup_text(res.combined)} images/s vs baseline "
             f"(measured {where_measured(res.phases_done)})"
+            + (" [bold red]- but it learns differently (see below)[/]" if _learns_differently(res) else "")
         )
         if res.workload.get("device_step_ms"):
             lines.append(
@@ -156,6 +175,8 @@ def summary_lines(res: TuneResult, out: str | None) -> list[str]:
         )
     else:
         lines.append("recommended: nothing beat the baseline by the margin; keep the current setup")
+    if res.accuracy is not None:  # the parity check (--accuracy-steps), in one line
+        lines.append(accuracy_line(res.accuracy))
     for why in res.unreliable:
         lines.append(f"[red]unreliable:[/] {escape(why)}")
     busy = [

@@ -37,6 +37,8 @@ from pytorchtricks.core import PttError
 from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.tunable import TuneSkip
+from pytorchtricks.tune.accuracy import PHASE as ACCURACY_PHASE
+from pytorchtricks.tune.accuracy import check_options, headline, run_check
 from pytorchtricks.tune.candidates import check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
@@ -539,6 +541,8 @@ def run_tune(
     progress: Progress | None = None,
     deadline: Deadline | None = None,
     memory_budget: str | int | None = None,
+    accuracy_steps: int = 0,
+    accuracy_seeds: int = 3,
 ) -> TuneResult:
     """Diagnose ``w``, measure the applicable tricks, combine the winners; returns the evidence (not written).
 
@@ -546,8 +550,12 @@ def run_tune(
     ``goal="memory"`` it searches the catalogue's memory tricks instead (``tune.memory``): the fastest
     configuration whose measured step peak fits. KeyboardInterrupt stops the run and returns what was measured so
     far (``interrupted=True``). ``w`` is not changed: the run writes into a fresh ``RunState`` of its own.
+    ``accuracy_steps`` > 0: then the parity check of the recommendation (``tune.accuracy``, ``res.accuracy``),
+    in time of its own after the budget's.
     """
     from pytorchtricks.tune.memory import parse_budget, run_memory_search
+
+    check_options(accuracy_steps, accuracy_seeds)
 
     if goal not in ("speed", "memory", "both"):
         raise PttError(f"--goal must be speed, memory or both, not {goal!r}.")
@@ -593,6 +601,8 @@ def run_tune(
                     with _metered(res, "verify"):
                         _phase_verify(w, res, combo, singles, inner, prog)
         _self_check(w, res, dl, prog)
+        if accuracy_steps:
+            _accuracy_check(w, res, accuracy_steps, accuracy_seeds, prog)
     except KeyboardInterrupt:
         res.interrupted = True
         for c in res.candidates:
@@ -608,11 +618,21 @@ def run_tune(
     # how big, how to remove it)
     res.notes.extend(n for n in dict.fromkeys(w.run.notes) if n not in res.notes)
     res.elapsed_s = dl.elapsed_s
-    if dl.elapsed_s > budget:
-        res.notes.append(
-            f"ran {dl.elapsed_s - budget:.0f} s over the {budget:.0f} s budget (a loaded machine?)"
-        )
+    over = dl.elapsed_s - res.phase_s.get(ACCURACY_PHASE, 0.0) - budget  # the check's time is its own
+    if over > 0:
+        res.notes.append(f"ran {over:.0f} s over the {budget:.0f} s budget (a loaded machine?)")
     return res
+
+
+def _accuracy_check(w: Workload, res: TuneResult, steps: int, seeds: int, prog: Progress) -> None:
+    """The parity check of the recommendation (``tune.accuracy``): its record in ``res.accuracy``. An answer of
+    ``outside`` leaves the recommendation in place, flagged where it is said (console, report.html, apply.py) with
+    what to try."""
+    if res.interrupted:
+        return
+    with _metered(res, ACCURACY_PHASE):
+        res.accuracy = run_check(w, res.recommended, steps, seeds, prog)
+    prog.log(headline(res.accuracy))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -816,6 +836,9 @@ class TuneConfig:
     ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
     batch is the fastest that fits. ``script``: where the model, optimizer and loader come from in the user's script
     (``ptt doctor run --tune``). ``device_step_ms``: the accelerator's step, declared (a projection for it).
+    ``accuracy_steps``: after the recommendation, train that many steps of the baseline and of the recommended
+    pipeline from one initialisation, ``accuracy_seeds`` seeds each, and say whether the recommended loss stays
+    inside the baseline's seed-to-seed band (``tune.accuracy``; extra time, outside ``time_budget_s``).
     """
 
     model: str | torch.nn.Module | None = None
@@ -835,6 +858,8 @@ class TuneConfig:
     device_step_ms: float | None = None
     task: str = "classification"  # or "detection": a torchvision detector on a COCO / YOLO / VOC root
     split: str | None = None  # the split of a data root that has several (default: its train split)
+    accuracy_steps: int = 0  # the parity check (tune.accuracy): train this many steps per run; 0: no check
+    accuracy_seeds: int = 3  # ... for this many seeds of the baseline and of the recommendation each
 
 
 def tune_model(
@@ -875,6 +900,7 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
     budget_bytes, _ = parse_budget(memory_budget)  # a bad size is said before the workload is built
+    check_options(cfg.accuracy_steps, cfg.accuracy_seeds)
     dl = Deadline(DEFAULT_BUDGET_S if time_budget_s is None else float(time_budget_s))
     auto_note = None
     if batch_size == "auto":
@@ -905,8 +931,9 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     if auto_note:
         w = dataclasses.replace(w, notes=(*w.notes, auto_note))
     res = run_tune(
-        w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl, memory_budget=memory_budget
-    )
+        w, goal=goal, time_budget_s=time_budget_s, progress=progress, deadline=dl, memory_budget=memory_budget,
+        accuracy_steps=cfg.accuracy_steps, accuracy_seeds=cfg.accuracy_seeds,
+    )  # fmt: skip
     # how to build this workload again: `python apply.py --check` re-measures the recommendation on it
     res.workload["rebuild"] = {
         "model": model if not isinstance(model, torch.nn.Module) else None, "data": data, "batch_size": w.batch_size, "input_shape": list(w.input_shape),

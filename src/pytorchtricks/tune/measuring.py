@@ -102,6 +102,7 @@ class TuneResult:
     interrupted: bool = False
     elapsed_s: float = 0.0
     memory: Any = None  # the memory search (``tune.memory.MemorySearch``) of --memory-budget / --goal memory
+    accuracy: Any = None  # the parity check (``tune.accuracy.AccuracyCheck``) of --accuracy-steps, or None
     # where the seconds went: wall seconds per phase (diagnose, waiting for a quiet machine, checks, measuring,
     # combine, verify, self-check, report)
     phase_s: dict[str, float] = field(default_factory=dict)

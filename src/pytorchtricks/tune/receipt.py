@@ -12,10 +12,12 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 from dataclasses import asdict
 from typing import Any
 
 from pytorchtricks.clock import write_jsonl
+from pytorchtricks.tune.accuracy import headline
 from pytorchtricks.tune.hooks import by_name, with_requirements
 from pytorchtricks.tune.measuring import TuneResult, where_measured
 
@@ -41,6 +43,8 @@ def payload(res: TuneResult) -> dict[str, Any]:
     """The receipt as plain data (what report.html renders)."""
     out = _clean(asdict(res))
     out["measured_in"] = where_measured(res.phases_done)
+    if res.accuracy is not None:  # the parity check's rule and answer in words, beside its figures
+        out["accuracy"] |= {"rule": res.accuracy.rule, "headline": headline(res.accuracy)}
     return out  # type: ignore[no-any-return]
 
 
@@ -75,6 +79,8 @@ def rows(p: dict[str, Any]) -> list[dict[str, Any]]:
     out += [{"kind": "tune-candidate", **c} for c in p["candidates"]]
     out += [{"kind": "tune-combination-step", **s} for s in p["combination"]]
     out += [{"kind": "tune-verify", **m} for m in p["final"]]
+    if p.get("accuracy"):  # the parity check of --accuracy-steps: the answer, the rule, every loss
+        out.append({"kind": "tune-accuracy", **p["accuracy"]})
     mem = p.get("memory")
     if mem:  # the memory search: every configuration (the frontier's points), then what it concluded
         out += [
@@ -101,6 +107,17 @@ def _nothing(p: dict[str, Any]) -> str:
             "nothing - the measurements were unreliable (a busy machine?): see report.html, rerun when quiet"
         )
     return "nothing (keep the current setup)"
+
+
+def _learns(p: dict[str, Any]) -> list[str]:
+    """apply.py's docstring lines of the parity check (--accuracy-steps): its answer, a warning when outside."""
+    acc = p.get("accuracy")
+    if not acc:
+        return []
+    text = str(acc["headline"]).replace("\\", "/").replace('"', "'")  # inside the docstring
+    if acc["answer"] == "outside":
+        text = f"WARNING - {text}"
+    return ["", *textwrap.wrap(text, 116), ""]
 
 
 def _fields(p: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +257,7 @@ def apply_snippet(p: dict[str, Any]) -> str:
         f"{p['workload']['batch_size']}, input {shape_text(p['workload'])}).",
         "",
         f"Recommended: {', '.join(rec) or _nothing(p)}.",
+        *_learns(p),
         f"Measured on {env.get('device_name')} ({env.get('threads')} threads, torch {env.get('torch')}): {measured},",
         "from interleaved rounds. Evidence: report.html and results.jsonl next to this file.",
         '"""',
