@@ -210,143 +210,170 @@ def check_script(source: str) -> list[ScriptFinding]:
 
 
 def _check(source: str) -> tuple[list[ScriptFinding], set[tuple[str, int, int, int, int]]]:
-    cst = _cst()
-    from libcst.metadata import MetadataWrapper, PositionProvider
+    """The findings of ``source`` in line order, and the span of each node found (what ``rewrite_script`` edits)."""
+    from libcst.metadata import MetadataWrapper
 
     wrapper = MetadataWrapper(_parse(source))
-    found: list[ScriptFinding] = []
-    module_text = source
-    spans: set[tuple[str, int, int, int, int]] = set()  # (rule, start line, col, end line, col) of each node
+    v = _visitor_class()(source)
+    wrapper.visit(v)
+    v.whole_script_rules()
+    return sorted(v.found, key=lambda f: (f.line, f.col, f.id)), v.spans
 
-    class _Visitor(cst.CSTVisitor):  # type: ignore[misc, name-defined]
+
+def _visitor_class() -> Any:
+    """The LibCST visitor: ``_ScriptRules`` on ``cst.CSTVisitor`` (made here: libcst is the optional ``script``
+    extra, imported on first use)."""
+    cst = _cst()
+    from libcst.metadata import PositionProvider
+
+    class _Visitor(_ScriptRules, cst.CSTVisitor):  # type: ignore[misc, name-defined]
         METADATA_DEPENDENCIES = (PositionProvider,)
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.loops: list[bool] = []  # per enclosing loop: does it call .backward()
-            self.if_base: list[int] = []  # the if-depth at each enclosing loop's start
-            self.ifs = 0
-            self.functions: list[Any] = []
-            self.pinned = False
-            self.seeded = "manual_seed(" in module_text or "seed_everything(" in module_text
-            self.benchmark: Any = None
-            self.deterministic: Any = None
+    return _Visitor
 
-        def add(self, rule: str, node: Any, message: str) -> None:
-            where = None if hasattr(node, "line") else self.get_metadata(PositionProvider, node)
-            pos = node if where is None else where.start
-            name, why, fix, fixable = RULES[rule]
-            found.append(ScriptFinding(rule, name, pos.line, pos.column + 1, message, why, fix, fixable))
-            if (
-                where is not None
-            ):  # the node itself, for the rewrite (a call and its callee start at one place)
-                spans.add((rule, where.start.line, where.start.column, where.end.line, where.end.column))
 
-        @property
-        def in_training_loop(self) -> bool:
-            return any(self.loops)
+class _ScriptRules:
+    """The rules, as the visit/leave methods of a LibCST visitor (``_visitor_class`` adds the base), and what they
+    keep while walking: the enclosing loops, ``if``s and functions, whether a DataLoader pins memory, cudnn flags."""
 
-        def _enter_loop(self, node: Any) -> None:
-            self.loops.append(_calls_backward(node.body))
-            self.if_base.append(self.ifs)
+    get_metadata: Any  # from cst.CSTVisitor (MetadataDependent)
 
-        def _leave_loop(self, node: Any) -> None:
-            self.loops.pop()
-            self.if_base.pop()
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.found: list[ScriptFinding] = []
+        self.spans: set[tuple[str, int, int, int, int]] = (
+            set()
+        )  # (rule, start line, col, end line, col) per node
+        self.loops: list[bool] = []  # per enclosing loop: does it call .backward()
+        self.if_base: list[int] = []  # the if-depth at each enclosing loop's start
+        self.ifs = 0
+        self.functions: list[Any] = []
+        # pin_memory is a property of the whole script: read it first, so a copy above the DataLoader call is
+        # judged too
+        self.pinned = "pin_memory=True" in source.replace(" ", "")
+        self.seeded = "manual_seed(" in source or "seed_everything(" in source
+        self.benchmark: Any = None
+        self.deterministic: Any = None
 
-        visit_For = visit_While = _enter_loop
-        leave_For = leave_While = _leave_loop
+    def add(self, rule: str, node: Any, message: str) -> None:
+        from libcst.metadata import PositionProvider
 
-        def visit_If(self, node: Any) -> None:
-            self.ifs += 1
+        where = None if hasattr(node, "line") else self.get_metadata(PositionProvider, node)
+        pos = node if where is None else where.start
+        name, why, fix, fixable = RULES[rule]
+        self.found.append(ScriptFinding(rule, name, pos.line, pos.column + 1, message, why, fix, fixable))
+        if where is not None:  # the node itself, for the rewrite (a call and its callee start at one place)
+            self.spans.add((rule, where.start.line, where.start.column, where.end.line, where.end.column))
 
-        def leave_If(self, node: Any) -> None:
-            self.ifs -= 1
+    def whole_script_rules(self) -> None:
+        """The rules that need the whole script read first (after the walk)."""
+        if self.benchmark is not None and self.deterministic is not None:
+            self.add("PTS011", self.benchmark, "cudnn.benchmark = True and cudnn.deterministic = True")
 
-        @property
-        def every_step(self) -> bool:
-            """Inside the training loop and not under an ``if`` in it (a read every K steps is the fix)."""
-            return self.in_training_loop and self.ifs == self.if_base[-1]
+    @property
+    def in_training_loop(self) -> bool:
+        return any(self.loops)
 
-        def visit_FunctionDef(self, node: Any) -> None:
-            self.functions.append(node)
+    def _enter_loop(self, node: Any) -> None:
+        self.loops.append(_calls_backward(node.body))
+        self.if_base.append(self.ifs)
 
-        def leave_FunctionDef(self, node: Any) -> None:
-            self.functions.pop()
+    def _leave_loop(self, node: Any) -> None:
+        self.loops.pop()
+        self.if_base.pop()
 
-        def visit_Assign(self, node: Any) -> None:
-            target = _dotted(node.targets[0].target) if node.targets else ""
-            if target.endswith("cudnn.benchmark") and _is_literal(node.value, "True"):
-                self.benchmark = self.get_metadata(PositionProvider, node).start
-            if target.endswith("cudnn.deterministic") and _is_literal(node.value, "True"):
-                self.deterministic = node
+    visit_For = visit_While = _enter_loop
+    leave_For = leave_While = _leave_loop
 
-        def visit_Call(self, node: Any) -> None:
-            name = _dotted(node.func)
-            last = name.rsplit(".", 1)[-1] if name else ""
-            attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
-            if last == "DataLoader":
-                self._dataloader(node)
-            elif name.startswith("torch.cuda.amp.") and last in ("autocast", "GradScaler"):
-                self.add("PTS005", node, f"{name}(...)")
-            elif last == "DataParallel":
-                self.add("PTS006", node, f"{name}(...)")
-            elif name == "torch.load":
-                wo = _kwarg(node, "weights_only")
-                if wo is None or _is_literal(wo.value, "False"):
-                    self.add("PTS007", node, "torch.load(...) without weights_only=True")
-            elif name == "torch.cuda.empty_cache" and self.loops:
-                self.add("PTS008", node, "torch.cuda.empty_cache() inside a loop")
-            elif attr == "zero_grad":
-                stn = _kwarg(node, "set_to_none")
-                if stn is not None and _is_literal(stn.value, "False"):
-                    self.add("PTS009", node, "zero_grad(set_to_none=False)")
-            elif attr == "eval" and not node.args and self.functions and not self._under_no_grad():
-                self.add(
-                    "PTS010",
-                    node,
-                    f"{_dotted(node.func) or '.eval'}() in a function with no no_grad/inference_mode",
-                )
-            if attr in _SYNC_ATTRS and not node.args and self.every_step:
-                self.add("PTS004", node, f".{attr}() inside the training loop")
-            if attr in ("to", "cuda") and self.loops:
-                inner = node.func.value
-                factory = _dotted(inner.func) if isinstance(inner, cst.Call) else ""
-                nb = _kwarg(node, "non_blocking")
-                if factory.startswith("torch.") and factory.rsplit(".", 1)[-1] in _FACTORIES:
-                    self.add("PTS012", node, f"{factory}(...).{attr}(...) inside a loop")
-                elif nb is not None and _is_literal(nb.value, "True") and not self.pinned:
-                    self.add(
-                        "PTS003", node, f".{attr}(..., non_blocking=True) while no DataLoader pins memory"
-                    )
-                elif nb is None and self.pinned and self.in_training_loop:
-                    self.add("PTS002", node, f".{attr}(...) of a pinned batch without non_blocking=True")
+    def visit_If(self, node: Any) -> None:
+        self.ifs += 1
 
-        def _dataloader(self, node: Any) -> None:
-            nw = _kwarg(node, "num_workers")
-            pin = _kwarg(node, "pin_memory")
-            if pin is not None and _is_literal(pin.value, "True"):
-                self.pinned = True
-            if nw is None or _is_literal(nw.value, "0"):
-                self.add(
-                    "PTS001",
-                    node,
-                    "DataLoader(...) " + ("without num_workers" if nw is None else "num_workers=0"),
-                )
-            elif self.seeded and _kwarg(node, "worker_init_fn") is None and _kwarg(node, "generator") is None:
-                self.add("PTS013", node, "DataLoader(num_workers=...) without generator= or worker_init_fn=")
+    def leave_If(self, node: Any) -> None:
+        self.ifs -= 1
 
-        def _under_no_grad(self) -> bool:
-            text = cst.Module(body=[self.functions[-1]]).code
-            return "no_grad" in text or "inference_mode" in text
+    @property
+    def every_step(self) -> bool:
+        """Inside the training loop and not under an ``if`` in it (a read every K steps is the fix)."""
+        return self.in_training_loop and self.ifs == self.if_base[-1]
 
-    v = _Visitor()
-    # pin_memory is a property of the whole script: read it first, so a copy above the DataLoader call is judged too
-    v.pinned = "pin_memory=True" in source.replace(" ", "")
-    wrapper.visit(v)
-    if v.benchmark is not None and v.deterministic is not None:
-        v.add("PTS011", v.benchmark, "cudnn.benchmark = True and cudnn.deterministic = True")
-    return sorted(found, key=lambda f: (f.line, f.col, f.id)), spans
+    def visit_FunctionDef(self, node: Any) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, node: Any) -> None:
+        self.functions.pop()
+
+    def visit_Assign(self, node: Any) -> None:
+        from libcst.metadata import PositionProvider
+
+        target = _dotted(node.targets[0].target) if node.targets else ""
+        if target.endswith("cudnn.benchmark") and _is_literal(node.value, "True"):
+            self.benchmark = self.get_metadata(PositionProvider, node).start
+        if target.endswith("cudnn.deterministic") and _is_literal(node.value, "True"):
+            self.deterministic = node
+
+    def visit_Call(self, node: Any) -> None:
+        cst = _cst()
+        name = _dotted(node.func)
+        last = name.rsplit(".", 1)[-1] if name else ""
+        attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+        if last == "DataLoader":
+            self._dataloader(node)
+        elif name.startswith("torch.cuda.amp.") and last in ("autocast", "GradScaler"):
+            self.add("PTS005", node, f"{name}(...)")
+        elif last == "DataParallel":
+            self.add("PTS006", node, f"{name}(...)")
+        elif name == "torch.load":
+            wo = _kwarg(node, "weights_only")
+            if wo is None or _is_literal(wo.value, "False"):
+                self.add("PTS007", node, "torch.load(...) without weights_only=True")
+        elif name == "torch.cuda.empty_cache" and self.loops:
+            self.add("PTS008", node, "torch.cuda.empty_cache() inside a loop")
+        elif attr == "zero_grad":
+            stn = _kwarg(node, "set_to_none")
+            if stn is not None and _is_literal(stn.value, "False"):
+                self.add("PTS009", node, "zero_grad(set_to_none=False)")
+        elif attr == "eval" and not node.args and self.functions and not self._under_no_grad():
+            self.add(
+                "PTS010",
+                node,
+                f"{_dotted(node.func) or '.eval'}() in a function with no no_grad/inference_mode",
+            )
+        if attr in _SYNC_ATTRS and not node.args and self.every_step:
+            self.add("PTS004", node, f".{attr}() inside the training loop")
+        if attr in ("to", "cuda") and self.loops:
+            self._device_copy(node, attr)
+
+    def _device_copy(self, node: Any, attr: str) -> None:
+        """``x.to(...)`` / ``x.cuda(...)`` inside a loop: a tensor made on the host each step, or a copy whose
+        ``non_blocking`` does not match whether the batches are pinned."""
+        cst = _cst()
+        inner = node.func.value
+        factory = _dotted(inner.func) if isinstance(inner, cst.Call) else ""
+        nb = _kwarg(node, "non_blocking")
+        if factory.startswith("torch.") and factory.rsplit(".", 1)[-1] in _FACTORIES:
+            self.add("PTS012", node, f"{factory}(...).{attr}(...) inside a loop")
+        elif nb is not None and _is_literal(nb.value, "True") and not self.pinned:
+            self.add("PTS003", node, f".{attr}(..., non_blocking=True) while no DataLoader pins memory")
+        elif nb is None and self.pinned and self.in_training_loop:
+            self.add("PTS002", node, f".{attr}(...) of a pinned batch without non_blocking=True")
+
+    def _dataloader(self, node: Any) -> None:
+        nw = _kwarg(node, "num_workers")
+        pin = _kwarg(node, "pin_memory")
+        if pin is not None and _is_literal(pin.value, "True"):
+            self.pinned = True
+        if nw is None or _is_literal(nw.value, "0"):
+            self.add(
+                "PTS001",
+                node,
+                "DataLoader(...) " + ("without num_workers" if nw is None else "num_workers=0"),
+            )
+        elif self.seeded and _kwarg(node, "worker_init_fn") is None and _kwarg(node, "generator") is None:
+            self.add("PTS013", node, "DataLoader(num_workers=...) without generator= or worker_init_fn=")
+
+    def _under_no_grad(self) -> bool:
+        text = _cst().Module(body=[self.functions[-1]]).code
+        return "no_grad" in text or "inference_mode" in text
 
 
 def rewrite_script(source: str) -> str:
