@@ -184,39 +184,55 @@ def pack(
         1
     """
     cfg = config_or_keywords(config, PackConfig, locals())  # the config's values, or the keywords'
-    (format, resize, max_side, quality, raw, shard_size, workers, shuffle, seed, strict, verify, progress,
-     max_pixels, distributed, staging_dir, split) = (getattr(cfg, f.name) for f in dataclasses.fields(PackConfig))  # fmt: skip
-    if format not in FORMATS:
-        raise PttError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}.")
-    if raw and quality is not None:
-        raise PttError("--raw stores decoded pixels; drop --quality (it applies to re-encoded JPEG only).")
-    for name, v in (("resize", resize), ("max_side", max_side)):
-        if v is not None and v < 1:
-            raise PttError(f"{name} must be a positive number of pixels, got {v}.")
-    if quality is not None and not 1 <= quality <= 100:
-        raise PttError(f"quality must be in 1..100, got {quality}.")
-    if int(max_pixels) < 1:
-        raise PttError(f"max_pixels must be a positive number of pixels, got {max_pixels}.")
-    limit = parse_bytes(shard_size)
-    if limit < 1:
-        raise PttError("shard_size must be positive, e.g. 64MB.")
+    limit = _check_options(cfg)
     dst = os.fspath(dst)
     if is_url(dst) and not dst.lower().startswith("file://"):
         from pytorchtricks.shards.upload import check_destination
 
         check_destination(dst)  # before listing millions of files
-    source = list_source(*_split_source(src, split))
+    plan = _plan(cfg, list_source(*_split_source(src, cfg.split)), limit)
+    if dst.lower().startswith("file://"):
+        dst = urllib.parse.unquote(urllib.parse.urlsplit(dst).path)
+    if cfg.distributed:
+        return _pack_distributed(plan, dst, cfg.staging_dir)
+    if is_url(dst):
+        return _pack_to_url(plan, dst, cfg.staging_dir)
+    return _pack_local(plan, dst)
+
+
+def _check_options(cfg: PackConfig) -> int:
+    """Refuse options that cannot work, with the fix; returns ``shard_size`` in bytes."""
+    if cfg.format not in FORMATS:
+        raise PttError(f"unknown format {cfg.format!r}; use one of {', '.join(FORMATS)}.")
+    if cfg.raw and cfg.quality is not None:
+        raise PttError("--raw stores decoded pixels; drop --quality (it applies to re-encoded JPEG only).")
+    for name, v in (("resize", cfg.resize), ("max_side", cfg.max_side)):
+        if v is not None and v < 1:
+            raise PttError(f"{name} must be a positive number of pixels, got {v}.")
+    if cfg.quality is not None and not 1 <= cfg.quality <= 100:
+        raise PttError(f"quality must be in 1..100, got {cfg.quality}.")
+    if int(cfg.max_pixels) < 1:
+        raise PttError(f"max_pixels must be a positive number of pixels, got {cfg.max_pixels}.")
+    limit = parse_bytes(cfg.shard_size)
+    if limit < 1:
+        raise PttError("shard_size must be positive, e.g. 64MB.")
+    return limit
+
+
+def _plan(cfg: PackConfig, source: Source, limit: int) -> _Plan:
+    """The work for ``source``: what each worker is told (``opts``), and the digest of the options and the listing
+    that the journal and the manifest carry (a re-run resumes only when it matches)."""
     opts = {
-        "format": format,
-        "resize": resize,
-        "max_side": max_side,
-        "quality": quality,
-        "raw": bool(raw),
-        "max_pixels": int(max_pixels),
+        "format": cfg.format,
+        "resize": cfg.resize,
+        "max_side": cfg.max_side,
+        "quality": cfg.quality,
+        "raw": bool(cfg.raw),
+        "max_pixels": int(cfg.max_pixels),
     }
-    options = {**opts, "shard_size": limit, "shuffle": bool(shuffle), "seed": int(seed)}
-    if distributed:  # chunk-aligned shards (shards/chunked.py): another pack than the single-process one
-        if format == "lmdb":
+    options = {**opts, "shard_size": limit, "shuffle": bool(cfg.shuffle), "seed": int(cfg.seed)}
+    if cfg.distributed:  # chunk-aligned shards (shards/chunked.py): another pack than the single-process one
+        if cfg.format == "lmdb":
             raise PttError(
                 "--distributed writes each chunk's shards in the rank that owns it; an LMDB pack is one database "
                 "that one process writes: pack with --format ptt or tar, or without --distributed."
@@ -235,14 +251,19 @@ def pack(
             default=str,
         ).encode()
     ).hexdigest()
-    plan = _Plan(source, opts, options, digest, limit, shuffle, seed, workers, strict, verify, progress)
-    if dst.lower().startswith("file://"):
-        dst = urllib.parse.unquote(urllib.parse.urlsplit(dst).path)
-    if distributed:
-        return _pack_distributed(plan, dst, staging_dir)
-    if is_url(dst):
-        return _pack_to_url(plan, dst, staging_dir)
-    return _pack_local(plan, dst)
+    return _Plan(
+        source,
+        opts,
+        options,
+        digest,
+        limit,
+        cfg.shuffle,
+        cfg.seed,
+        cfg.workers,
+        cfg.strict,
+        cfg.verify,
+        cfg.progress,
+    )
 
 
 def _split_source(
