@@ -51,10 +51,11 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
         None if spec["system"] == "stock" else stock
     )  # its load of the same photo, untimed: the PSNR reference
     idx = list(range(min(len(ds), spec["n"])))
-    mp = []  # the original photo's size (a pack stores it shrunk): from the header of the file stock reads
+    mp, prog = [], []  # the original photo's size (a pack stores it shrunk) and coding, from its header
     for i in idx:
         with Image.open(stock.im_files[i]) as im:
             mp.append(im.size[0] * im.size[1] / 1e6)
+            prog.append(bool(im.info.get("progressive") or im.info.get("progression")))
     mismatched = 0
     for i in idx[:2]:  # warm-up: libraries loaded, decoder initialised
         ds.load_image(i)
@@ -69,6 +70,8 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
             mismatched += im.shape != want.shape
             psnr.append(_psnr(im, want))
     big = [t for t, m in zip(ms, mp, strict=True) if m >= 8.0]
+    big_p = [t for t, m, p in zip(ms, mp, prog, strict=True) if m >= 8.0 and p]
+    big_b = [t for t, m, p in zip(ms, mp, prog, strict=True) if m >= 8.0 and not p]
     good = [p for p in psnr if p != float("inf")]
     return {
         "images": len(ms),
@@ -76,6 +79,10 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
         "ms_per_image": statistics.median(ms),
         "images_per_s": len(ms) / (sum(ms) / 1e3),
         "images_per_s_8mp": len(big) / (sum(big) / 1e3) if big else None,
+        "images_8mp_progressive": len(big_p),
+        "images_per_s_8mp_progressive": len(big_p) / (sum(big_p) / 1e3) if big_p else None,
+        "images_per_s_8mp_baseline": len(big_b) / (sum(big_b) / 1e3) if big_b else None,
+        "ms_per_image_each": ms,
         "psnr_db_median": statistics.median(good) if good else None,
         "psnr_db_min": min(good) if good else None,
         "psnr_shape_resized": mismatched,
@@ -153,6 +160,9 @@ def pipeline(spec: dict[str, Any]) -> dict[str, Any]:
     if hasattr(dl, "close"):
         dl.close()
     del it, dl
+    out = {"build_s": build_s, "images": n, "loader_s": loader_s, "images_per_s": n / loader_s}
+    if not spec["split_n"]:
+        return out
     # the split: a fresh dataset in this process (no workers), each transform timed exclusive of the loads it does
     ds = us.dataset(sys_, yaml, imgsz, cache, spec["batch"], spec.get("pack"))
     st = _Stages()
@@ -166,10 +176,7 @@ def pipeline(spec: dict[str, Any]) -> dict[str, Any]:
     split = {"load": st.load_s, **st.s}
     split["other"] = max(0.0, total - sum(split.values()))
     return {
-        "build_s": build_s,
-        "images": n,
-        "loader_s": loader_s,
-        "images_per_s": n / loader_s,
+        **out,
         "split_images": m,
         "split_loads_per_image": st.loads / m,
         "split_ms_per_image": {k: v / m * 1e3 for k, v in split.items()},

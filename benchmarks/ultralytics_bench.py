@@ -112,7 +112,7 @@ def cases(plan: Plan, part: str) -> list[tuple[str, dict[str, Any]]]:
                 out.append(
                     (f"imgsz {s}, cache {cache or 'none'}", {**spec, "pack": plan.pack(plan.photos, s)})
                 )
-                out[-1][1]["split_n"] = a.split_images
+                out[-1][1]["split_n"] = a.split_images if cache is None else 0  # the split: without a cache
         elif part == "first-batch":
             spec = {**base, "system": system, "yaml": plan.yaml(plan.linked), "imgsz": 640}
             spec["pack"] = plan.pack(plan.linked, 640)
@@ -153,8 +153,10 @@ def run_part(plan: Plan, part: str) -> list[dict[str, Any]]:
     env["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
     todo = cases(plan, part)
     rounds = 1 if part in ("first-batch", "ram") else plan.args.rounds
-    if part == "epoch":
-        rounds = max(1, min(rounds, 2))  # the trainer's epoch is minutes on 2 cores: two rounds at most
+    if part in ("epoch", "pipeline"):
+        rounds = max(
+            1, min(rounds, 2)
+        )  # minutes per round on 2 cores: two rounds at most keep a run near 10 min
     rows: list[dict[str, Any]] = []
     for r in range(rounds):
         k = r % len(todo)

@@ -101,7 +101,7 @@ def test_report_writes_the_page_environment_and_command(tmp_path: Any) -> None:
     with open(tmp_path / "load.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     page = report.write_report(str(tmp_path), {})
-    assert "| imgsz 640 | ptt-pack | 100 | 50 | 50x | 50x | 36.0 dB, 30.0 dB |" in page
+    assert "| imgsz 640 | ptt-pack | 100 | 50 | 50x | 50x | -x / -x | 36.0 dB, 30.0 dB |" in page
     assert "`ptt-files`, imgsz 640: not installed" in page
     assert json.loads((tmp_path / "environment.json").read_text())["cpu_class"] == "amx"
     assert "bench --part load" in (tmp_path / "command.txt").read_text()
