@@ -230,6 +230,64 @@ def resolve_device(device: str | Any | None) -> Any:
     return dev
 
 
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def config_first(config: C | None, cls: type[C], options: Mapping[str, Any]) -> C:
+    """A verb's options, config first: its ``config``, or a ``cls`` built from its ``**options`` - never both.
+
+    The one convention of the library's verbs: ``verb(subject, config: XConfig | None = None, **options)``, where
+    ``options`` are ``XConfig``'s own field names; the fields are declared once, on the frozen dataclass ``cls``,
+    and the keywords are checked against them here. An unknown keyword raises ``PttError`` naming it, the closest
+    field and the fields there are; a keyword beside a ``config`` raises ``PttError`` naming it; a field without a
+    default that no keyword gives is missing. (The price of declaring the fields once: a type checker sees
+    ``**options: Any``, so a keyword's type is checked when the dataclass checks it, at run time.)
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class RunConfig:
+        ...     rounds: int = 5
+        ...     device: str = "cpu"
+        >>> config_first(None, RunConfig, {"rounds": 3})
+        RunConfig(rounds=3, device='cpu')
+        >>> config_first(RunConfig(7), RunConfig, {})
+        RunConfig(rounds=7, device='cpu')
+        >>> config_first(None, RunConfig, {"round": 3})
+        Traceback (most recent call last):
+        ...
+        pytorchtricks.core.PttError: unknown option 'round': did you mean 'rounds'? the options are RunConfig's fields (rounds, device).
+        >>> config_first(RunConfig(7), RunConfig, {"device": "cuda"})
+        Traceback (most recent call last):
+        ...
+        pytorchtricks.core.PttError: pass a RunConfig or keywords, not both (got device too).
+    """
+    import difflib
+
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]  # a dataclass by contract
+    names = [f.name for f in fields]
+    unknown = [k for k in options if k not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        guess = f" did you mean {close[0]!r}?" if close else ""
+        raise PttError(
+            f"unknown option {unknown[0]!r}:{guess} the options are {cls.__name__}'s fields ({', '.join(names)})."
+        )
+    if config is not None:
+        if not isinstance(config, cls):
+            raise PttError(f"config must be a {cls.__name__}, not {type(config).__name__}.")
+        if options:
+            an = "an" if cls.__name__[0] in "AEIOU" else "a"
+            raise PttError(
+                f"pass {an} {cls.__name__} or keywords, not both (got {', '.join(sorted(options))} too)."
+            )
+        return config
+    missing = [f.name for f in fields if _required(f) and f.name not in options]
+    if missing:
+        raise PttError(f"missing {', '.join(missing)}: pass them as keywords, or pass a {cls.__name__}.")
+    return cls(**options)
+
+
 def _given(value: Any, default: Any) -> bool:
     """Whether a keyword's ``value`` differs from its ``default`` (so the caller gave it)."""
     if value is default:
@@ -238,10 +296,6 @@ def _given(value: Any, default: Any) -> bool:
         return bool(value != default)
     except (TypeError, ValueError, RuntimeError):  # an array's != is elementwise, no one answer: it was given
         return True
-
-
-def _required(f: dataclasses.Field[Any]) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:

@@ -374,3 +374,5 @@ def test_a_loader_config_gives_the_same_batches_as_its_keywords():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     with pytest.raises(PttError, match="not both"):
         ptt.make_loader(ds, 4, ptt.LoaderConfig(crop=32), num_workers=0)
+    with pytest.raises(PttError, match="unknown option 'num_worker': did you mean 'num_workers'"):
+        ptt.make_loader(ds, 4, num_worker=0)  # the keywords are LoaderConfig's fields, checked against them

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_or_keywords
+from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_first
 from pytorchtricks.data.batches import BatchDataset, StreamBatches, rank_world
 from pytorchtricks.data.decode import resize_array
 from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
@@ -137,14 +137,15 @@ def _say_dropped(dropped: int, n: int, batch_size: int, world: int, shuffle: boo
         f"({which}). Pass drop_last=False to keep them (the last batch is then partial{ranks}), or make the "
         f"dataset size a multiple of {per}.",
         PttWarning,
-        stacklevel=3,
+        stacklevel=4,  # make_loader -> _epochs -> here: the warning names the caller of make_loader
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class LoaderConfig:
     """``make_loader``'s options as one value: ``ptt.make_loader(ds, 256, ptt.LoaderConfig(crop=224, num_workers=8))``
-    (the keywords of ``make_loader`` are a convenience over it; see there for what each does)."""
+    (or its fields as keywords: ``ptt.make_loader(ds, 256, crop=224, num_workers=8)``; see there for what each
+    does)."""
 
     mode: Mode = "train"
     crop: int | tuple[int, int] | None = 224
@@ -168,32 +169,7 @@ class LoaderConfig:
     cache_limit: int | str | None = None
 
 
-def make_loader(
-    dataset: Any,
-    batch_size: int,
-    config: LoaderConfig | None = None,
-    *,
-    mode: Mode = "train",
-    crop: int | tuple[int, int] | None = 224,
-    resize: int | None = None,
-    scale: tuple[float, float] | None = None,
-    ratio: tuple[float, float] | None = None,
-    flip: bool | None = None,
-    shuffle: bool | None = None,
-    drop_last: bool | None = None,
-    num_workers: int | None = None,
-    device: str | torch.device | None = None,
-    pin_memory: bool | None = None,
-    persistent_workers: bool | None = None,
-    prefetch_factor: int | None = None,
-    seed: int = 0,
-    rank: int | None = None,
-    world_size: int | None = None,
-    backend: str = "auto",
-    scaled_decode: bool = True,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | str | None = None,
-) -> Loader:
+def make_loader(dataset: Any, batch_size: int, config: LoaderConfig | None = None, **options: Any) -> Loader:
     """A ``Loader`` of batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
 
     ``mode="train"`` (default): RandomResizedCrop (``scale``, default (0.08, 1); ``ratio``, default (3/4, 4/3)),
@@ -209,7 +185,8 @@ def make_loader(
     size before cropping (the reference path, for comparison). With ``device`` set to a CUDA device the batches
     arrive there through ``prefetch_to_device`` (pinned memory, side-stream copies).
 
-    ``config``: a ``LoaderConfig`` holding these options instead of the keywords (not both).
+    The options are ``LoaderConfig``'s fields: one ``config``, or its fields as keywords (not both; an unknown
+    keyword is refused with the closest field).
 
     ``dataset`` may also be a path or URL, opened by ``ptt.open_data``: a ptt pack is read as a ``ShardDataset``,
     a tar pack as a ``ShardStream`` (seeded with ``seed``, split over ``rank``/``world_size``), an ImageFolder tree
@@ -225,77 +202,95 @@ def make_loader(
         >>> [tuple(x.shape) for x, _ in val], [y.tolist() for _, y in val][-1], val.dropped_per_epoch
         ([(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)], [0, 1], 0)
     """
-    cfg = config_or_keywords(config, LoaderConfig, locals())  # the config's values, or the keywords'
-    (mode, crop, resize, scale, ratio, flip, shuffle, drop_last, num_workers, device, pin_memory,
-     persistent_workers, prefetch_factor, seed, rank, world_size, backend, scaled_decode, cache_dir,
-     cache_limit) = (getattr(cfg, f.name) for f in dataclasses.fields(LoaderConfig))  # fmt: skip
+    cfg = _by_mode(config_first(config, LoaderConfig, options))
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
-    train = mode == "train"
-    flip = train if flip is None else flip
-    shuffle = train if shuffle is None else shuffle
-    drop_last = train if drop_last is None else drop_last
-    maker = _maker(mode, _pair(crop), resize, scale, ratio, flip, backend, scaled_decode)
+    maker = _maker(cfg.mode, _pair(cfg.crop), cfg.resize, cfg.scale, cfg.ratio, bool(cfg.flip), cfg.backend,
+                   cfg.scaled_decode)  # fmt: skip
+    rank, world = rank_world(cfg.rank, cfg.world_size)
+    dataset = _opened(dataset, cfg, rank, world)
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    crop_hw = maker.crop
+    batch_bytes = batch_size * crop_hw[0] * crop_hw[1] * 3 if crop_hw is not None else None
+    plan = _runtime.plan_workers("make_loader", cfg.num_workers, cfg.prefetch_factor, batch_bytes)
+    if iterable:
+        if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
+            dataset.batch_size = (
+                batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
+            )
+        source: Any = StreamBatches(dataset, maker, batch_size, bool(cfg.drop_last), cfg.seed, plan.slots)
+        sampler, dropped = (
+            None,
+            (None if cfg.drop_last else 0),
+        )  # a stream splits itself: its remainder is unknown
+    else:
+        sampler = source = _epochs(dataset, batch_size, cfg, rank, world)
+        dropped = source.dropped()
+    dev = torch.device(cfg.device) if cfg.device is not None else None
+    return _runtime.start(
+        source if iterable else BatchDataset(dataset, maker, cfg.seed, plan.slots),
+        plan,
+        sampler=sampler,
+        source=source,
+        batch_size=batch_size,
+        mode=cfg.mode,
+        dropped_per_epoch=dropped,
+        persistent_workers=(not iterable) if cfg.persistent_workers is None else cfg.persistent_workers,
+        pin_memory=(dev is not None and dev.type == "cuda") if cfg.pin_memory is None else cfg.pin_memory,
+        device=dev if dev is not None and dev.type != "cpu" else None,
+    )
+
+
+def _by_mode(cfg: LoaderConfig) -> LoaderConfig:
+    """``flip``/``shuffle``/``drop_last`` left at None follow the mode: on for training, off for evaluation."""
+    train = cfg.mode == "train"
+    return dataclasses.replace(
+        cfg,
+        flip=train if cfg.flip is None else cfg.flip,
+        shuffle=train if cfg.shuffle is None else cfg.shuffle,
+        drop_last=train if cfg.drop_last is None else cfg.drop_last,
+    )
+
+
+def _opened(dataset: Any, cfg: LoaderConfig, rank: int, world: int) -> Any:
+    """The dataset make_loader reads: a path or URL opened on the one data road (a tar pack in the loader's
+    order and rank share), and refused when the loader cannot read it as it is meant."""
     from pytorchtricks.data.detection import refuse_detection
 
-    rank, world = rank_world(rank, world_size)
     if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
         from pytorchtricks.road import open_data
         from pytorchtricks.shards.stream import StreamConfig
 
-        # a tar pack's own order and share
-        order = StreamConfig(shuffle=shuffle, seed=seed, rank=rank, world_size=world)
-        dataset = open_data(dataset, decode=None, cache_dir=cache_dir, cache_limit=cache_limit, stream=order)
+        order = StreamConfig(shuffle=bool(cfg.shuffle), seed=cfg.seed, rank=rank, world_size=world)
+        dataset = open_data(
+            dataset, decode=None, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, stream=order
+        )
     refuse_detection(dataset, "make_loader")
-    dev = torch.device(device) if device is not None else None
     if hasattr(dataset, "read_raw") and getattr(dataset, "transform", None) is not None:
         raise PttError(
             "make_loader reads the stored records (read_raw) and decodes, crops and flips them itself, so this "
             "dataset's transform= would not run: make it without transform= and give crop/scale/ratio/flip to "
             "make_loader, or iterate it with a plain DataLoader to keep your transform."
         )
-    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-    if not iterable and not hasattr(dataset, "__len__"):
+    if not isinstance(dataset, torch.utils.data.IterableDataset) and not hasattr(dataset, "__len__"):
         raise PttError("dataset needs __len__ and __getitem__ (map-style) or must be an IterableDataset.")
-    dropped: int | None = None if drop_last else 0  # a stream splits itself: its remainder is unknown here
-    crop_hw = maker.crop
-    batch_bytes = batch_size * crop_hw[0] * crop_hw[1] * 3 if crop_hw is not None else None
-    plan = _runtime.plan_workers("make_loader", num_workers, prefetch_factor, batch_bytes)
-    if iterable:
-        if hasattr(dataset, "state_dict") and hasattr(dataset, "batch_size"):
-            dataset.batch_size = (
-                batch_size  # a ShardStream hands workers blocks of one batch: the loader's order
-            )
-        source: Any = StreamBatches(dataset, maker, batch_size, drop_last, seed, plan.slots)
-        sampler = None
-    else:
-        if len(dataset) == 0:
-            raise PttError("dataset is empty.")
-        source = _runtime.epoch_sampler(
-            len(dataset),
-            batch_size,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            seed=seed,
-            rank=rank,
-            world_size=world,
-        )
-        sampler = source
-        dropped = source.dropped()
-        if dropped and rank == 0:  # said once, by one rank: every rank drops the same count
-            _say_dropped(dropped, len(dataset), batch_size, world, shuffle)
-    return _runtime.start(
-        source if iterable else BatchDataset(dataset, maker, seed, plan.slots),
-        plan,
-        sampler=sampler,
-        source=source,
-        batch_size=batch_size,
-        mode="train" if train else "eval",
-        dropped_per_epoch=dropped,
-        persistent_workers=(not iterable) if persistent_workers is None else persistent_workers,
-        pin_memory=(dev is not None and dev.type == "cuda") if pin_memory is None else pin_memory,
-        device=dev if dev is not None and dev.type != "cpu" else None,
-    )
+    return dataset
+
+
+def _epochs(dataset: Any, batch_size: int, cfg: LoaderConfig, rank: int, world: int) -> Any:
+    """A map-style dataset's sampler of whole batches (this rank's share, reshuffled per epoch when asked); what
+    ``drop_last`` drops is said once, by one rank (every rank drops the same count)."""
+    if len(dataset) == 0:
+        raise PttError("dataset is empty.")
+    shuffle = bool(cfg.shuffle)
+    source = _runtime.epoch_sampler(
+        len(dataset), batch_size, shuffle=shuffle, drop_last=bool(cfg.drop_last), seed=cfg.seed, rank=rank,
+        world_size=world,
+    )  # fmt: skip
+    dropped = source.dropped()
+    if dropped and rank == 0:
+        _say_dropped(dropped, len(dataset), batch_size, world, shuffle)
+    return source
 
 
 def _photo_bytes(n: int, size: tuple[int, int] = (180, 240)) -> list[tuple[bytes, int]]:
