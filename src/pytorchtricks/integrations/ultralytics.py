@@ -40,9 +40,11 @@ number stands.
 
 Caveats: Ultralytics is AGPL-3.0: it is imported only inside these functions (``pip install
 'pytorchtricks[ultralytics]'``) and none of its code is copied here. Pixels differ from the stock load by the
-decode's low-pass (``match="stock"``: >= 35 dB PSNR on the tests' >= 8 MP photos). Multi-GPU runs that Ultralytics spawns itself
-(``device=0,1``) start fresh processes without the callback: run each rank under ``torchrun`` with a script that
-calls ``accelerate(model)``.
+decode's low-pass (``match="stock"``: >= 35 dB PSNR on the tests' >= 8 MP photos). DDP: under ``torchrun``, a
+script calling ``accelerate(model)`` on every rank reads through ptt on all of them (Ultralytics runs the callback
+on rank 0 only; the other ranks' dataset builder is swapped when ``accelerate`` is called), and ``cache='ram'`` is
+then one arena per node. Multi-GPU runs that Ultralytics spawns itself (``device=0,1`` from one process) start
+fresh processes without it: not accelerated (not tested here: no GPU).
 """
 
 from __future__ import annotations
@@ -117,7 +119,32 @@ def accelerate(model: Any = None, *, workers: int | None = None, match: str = "s
         )
     hooks = model.callbacks["on_pretrain_routine_start"]
     hooks[:] = [h for h in hooks if not isinstance(h, _Accelerate)] + [cb]
+    if _rank() > 0:  # Ultralytics runs that callback on rank 0 only: the other ranks' builder is swapped here
+        _swap_for_process(match)
     return model
+
+
+def _rank() -> int:
+    """This process's global rank under torchrun (``RANK``), -1 outside it."""
+    try:
+        return int(os.environ.get("RANK", "-1"))
+    except ValueError:
+        return -1
+
+
+def _swap_for_process(match: str) -> None:
+    """Every dataset Ultralytics' builder makes in this process is ours (a DDP rank other than 0, whose trainer
+    runs no ``on_pretrain_routine_start`` callbacks); idempotent."""
+    import ultralytics.data.build as build
+    from ultralytics.utils import LOGGER
+
+    from pytorchtricks.integrations.ultralytics_data import dataset_class
+
+    with _SWAP:
+        if not build.YOLODataset.__name__.startswith("Ptt"):
+            ours: Any = dataset_class(build.YOLODataset, log=LOGGER)
+            ours._ptt_match = match
+            build.YOLODataset = ours
 
 
 def install(trainer: Any, *, workers: int | None = None, match: str = "stock") -> bool:
@@ -174,6 +201,9 @@ def _dataset_class_swapped(log: Any, match: str) -> Iterator[None]:
 
     with _SWAP:
         stock = build.YOLODataset
+        if stock.__name__.startswith("Ptt"):  # already ours for the whole process (a rank other than 0)
+            yield
+            return
         ours: Any = dataset_class(stock, log=log)
         ours._ptt_match = match
         build.YOLODataset = ours
