@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.core import config_or_keywords
+from pytorchtricks.core import config_first
 from pytorchtricks.hardware import ISA_LIMIT_ENV, cpu_caps
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,20 +267,7 @@ SETTLE_REL = 0.10  # two calls in a row within 10% of each other: the variant ha
 def compare(
     variants: Mapping[str, Callable[[], Any]],
     config: CompareConfig | None = None,
-    *,
-    baseline: str = "baseline",
-    rounds: int = 5,
-    min_run_time_s: float = 0.1,
-    device: torch.device | str | None = "cpu",
-    warmup: int = 2,
-    num_threads: int | None = None,
-    on_round: Callable[[int], None] | None = None,
-    before_block: Callable[[str], None] | None = None,
-    budget_s: float | None = None,
-    min_rounds: int = 3,
-    units_per_call: Mapping[str, int] | None = None,
-    single_call: Collection[str] = (),
-    settle: int = 0,
+    **options: Any,
 ) -> Comparison:
     """Interleaved A/B(/C...) timing: every round times each variant once, in rotated order.
 
@@ -298,9 +285,9 @@ def compare(
     two calls in a row agree within 10%: a variant can stay slow for a few calls after the others first ran (a
     ResNet-18 step at 3.1, 2.7, 1.4 then 1.0 s once ten other configurations had warmed up beside it), which a
     fixed warm-up leaves inside the first timed blocks.
-    ``config``: a ``CompareConfig`` holding these options instead of the keywords (not both).
+    The options are ``CompareConfig``'s fields: one ``config``, or its fields as keywords (not both).
     """
-    return _compare(variants, config_or_keywords(config, CompareConfig, locals()))
+    return _compare(variants, config_first(config, CompareConfig, options))
 
 
 def _settle(fn: Callable[[], Any], device: torch.device | str | None, most: int) -> None:

@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import now_s, sync
-from pytorchtricks.core import PttError, config_or_keywords
+from pytorchtricks.core import PttError, config_first
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.quiet import filtered_stderr
 
@@ -388,13 +388,7 @@ def profile(
     config: ProfileConfig | None = None,
     *,
     data: Iterable[Any] | None = None,
-    warmup: int = 2,
-    profile_steps: int = 3,
-    hotspot_steps: int = 2,
-    trace_path: str | None = None,
-    max_trace_bytes: int = 50 * MiB,
-    top: int = 12,
-    device: str | torch.device | None = None,
+    **options: Any,
 ) -> ProfileReport:
     """Profile a training step: time split, verdict with the first trick to try, top ops, Python hotspots.
 
@@ -402,7 +396,7 @@ def profile(
     without ``data``, ``step_fn()`` takes no argument. ``steps`` timed steps follow ``warmup`` untimed ones; then
     ``profile_steps`` steps under ``torch.profiler`` (0 skips; ``trace_path`` writes a Chrome/Perfetto trace,
     gzipped or dropped beyond ``max_trace_bytes``) and ``hotspot_steps`` under cProfile (0 skips).
-    ``config``: a ``ProfileConfig`` holding these options instead of the keywords (not both).
+    The options are ``ProfileConfig``'s fields: one ``config``, or its fields as keywords (not both).
 
     Example:
         >>> model = nn.Linear(64, 64)
@@ -415,7 +409,7 @@ def profile(
         >>> sorted(rep.split_s) == sorted(["data", "h2d", "forward", "backward", "optimizer", "sync", "other"])
         True
     """
-    cfg = config_or_keywords(config, ProfileConfig, locals())
+    cfg = config_first(config, ProfileConfig, options)
     warmup, profile_steps, hotspot_steps, top = cfg.warmup, cfg.profile_steps, cfg.hotspot_steps, cfg.top
     trace_path, max_trace_bytes, device = cfg.trace_path, cfg.max_trace_bytes, cfg.device
     if not callable(step_fn):

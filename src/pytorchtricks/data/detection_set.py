@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pytorchtricks.core import PttError, config_or_keywords
+from pytorchtricks.core import PttError, config_first
 from pytorchtricks.data.detection_set_render import (
     ALPHA_HI,
     ALPHA_LO,
@@ -75,17 +75,9 @@ def build_detection_set(
     dst: str | os.PathLike[str],
     config: DetectionSetConfig | None = None,
     *,
-    train: int = 400,
-    val: int = 100,
-    long_side: int | None = 640,
-    objects: tuple[int, int] = (1, 8),
-    object_size: tuple[float, float] = (0.1, 0.4),
-    max_iou: float = 0.1,
-    min_mp: float = 2.0,
-    quality: int = 90,
-    seed: int = 0,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Write a detection set to ``dst`` (COCO under ``dst/coco``, YOLO under ``dst/yolo``; see the module
     docstring) and return its summary, the ``ptt-set.json`` also saved there. The options are
@@ -99,7 +91,7 @@ def build_detection_set(
             parameters, no wallpaper packages (``make system-deps``) or no Fashion-MNIST
             (``apt-get install dataset-fashion-mnist``).
     """
-    cfg = config_or_keywords(config, DetectionSetConfig, locals())
+    cfg = config_first(config, DetectionSetConfig, options)
     dst = os.path.abspath(os.fspath(dst))
     want = {"version": VERSION, "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
     have = _existing(dst)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_or_keywords
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_first
 from pytorchtricks.data.batches import default_workers
 from pytorchtricks.data.decode import decode_image, image_size, resize_array, short_side_hw
 from pytorchtricks.data.folder import JpegFolder
@@ -532,16 +532,7 @@ def cache_in_ram(
     dataset: Any,
     size: int | None = 256,
     config: CacheConfig | None = None,
-    *,
-    budget: int | None = None,
-    cache_dir: str | None = None,
-    max_size: int | None = None,
-    key: str | None = None,
-    num_workers: int | None = None,
-    sample: int = 32,
-    strict: bool = False,
-    wait_s: float = 3600.0,
-    verify: Verify = "auto",
+    **options: Any,
 ) -> Any:
     """Decode ``dataset`` once (short side resized to ``size``) into a shared arena; returns a ``CachedDataset``.
 
@@ -557,7 +548,7 @@ def cache_in_ram(
     to 2 GiB and a sample above, "full" always, "sample" never all); one that fails them is rebuilt, with a
     ``PttWarning`` saying why. One process per node builds, holding a lock; the others (any local rank) wait up to
     ``wait_s`` for it, and if it dies take over within ``POLL_S`` and rebuild, deleting its leftovers.
-    ``config``: a ``CacheConfig`` holding these options instead of the keywords (not both).
+    The options are ``CacheConfig``'s fields: one ``config``, or its fields as keywords (not both).
     A detection dataset (``ptt.open_detection(root)``, a detection pack): images stored with the short side at
     ``size`` and the long side at most ``max_size`` (never enlarged), each target scaled to them and kept in the
     arena (``read_raw(i)[2]["target"]``); torchvision's ``CocoDetection`` is refused with the fix.
@@ -569,7 +560,7 @@ def cache_in_ram(
         >>> c.read_raw(3)[0].shape, int(c.read_raw(3)[0][0, 0, 0]), len(c)
         ((4, 6, 3), 3, 5)
     """
-    cfg = config_or_keywords(config, CacheConfig, locals())
+    cfg = config_first(config, CacheConfig, options)
     budget, cache_dir, key, num_workers = cfg.budget, cfg.cache_dir, cfg.key, cfg.num_workers
     sample, strict, wait_s, verify = cfg.sample, cfg.strict, cfg.wait_s, cfg.verify
     if isinstance(dataset, CachedDataset):

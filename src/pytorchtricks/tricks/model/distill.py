@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_or_keywords
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first
 
 __all__ = ["DistillConfig", "distillation_loss", "distill_"]
 
@@ -89,21 +90,14 @@ def distill_(
     images: torch.Tensor,
     labels: torch.Tensor,
     config: DistillConfig | None = None,
-    *,
-    epochs: float = 1.0,
-    lr: float = 0.05,
-    batch_size: int = 256,
-    T: float = 4.0,
-    alpha: float = 0.9,
-    seed: int = 0,
-    after_backward: Callable[[nn.Module], None] | None = None,
+    **options: Any,
 ) -> nn.Module:
     """Fine-tune ``student`` in place from ``teacher`` on in-memory ``(images, labels)``; returns it in eval mode.
 
     SGD with momentum and a one-cycle schedule (``bench.fashion_mnist.train``); the teacher is frozen in eval mode.
-    ``config``: a ``DistillConfig`` holding these options instead of the keywords (not both).
+    The options are ``DistillConfig``'s fields: one ``config``, or its fields as keywords (not both).
     """
-    cfg = config_or_keywords(config, DistillConfig, locals())
+    cfg = config_first(config, DistillConfig, options)
     from pytorchtricks.fashion_mnist import train
 
     teacher.eval()
