@@ -169,4 +169,4 @@ def test_stream_config_is_the_keywords_as_one_value(tmp_path):
     by_cfg = read(ShardStream(tmp_path / "p", config=StreamConfig(**opts)))
     assert by_cfg == by_kw and len(by_kw) == 5
     with pytest.raises(PttError, match=r"not both \(got seed, shuffle too\)"):
-        ShardStream(tmp_path / "p", False, config=StreamConfig(**opts), seed=1)
+        ShardStream(tmp_path / "p", StreamConfig(**opts), shuffle=False, seed=1)

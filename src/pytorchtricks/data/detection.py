@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import Option, PttError, Spelt, config_or_keywords
+from pytorchtricks.core import Option, PttError, Spelt, config_first
 from pytorchtricks.data.annotations import AnnotationError, header_bytes, read_coco, read_voc, read_yolo
 from pytorchtricks.data.decode import image_size
 
@@ -105,25 +105,8 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         None  # the split of the root it was opened from (``open_detection``; None: it has one)
     )
 
-    def __init__(
-        self,
-        tables: DetectionTables | None = None,
-        *,
-        root: str | None = None,
-        files: list[str] | None = None,
-        image_ids: np.ndarray | None = None,
-        sizes: np.ndarray | None = None,
-        boxes: np.ndarray | None = None,
-        labels: np.ndarray | None = None,
-        iscrowd: np.ndarray | None = None,
-        area: np.ndarray | None = None,
-        offsets: np.ndarray | None = None,
-        categories: dict[int, str] | None = None,
-        segmentation: dict[int, str] | None = None,
-        rejects: list[dict[str, Any]] | None = None,
-        format: str | None = None,
-    ) -> None:
-        t = config_or_keywords(tables, DetectionTables, locals())  # the tables, or all of them as keywords
+    def __init__(self, tables: DetectionTables | None = None, **options: Any) -> None:
+        t = config_first(tables, DetectionTables, options)  # the tables, or all of them as keywords
         self.root, self.format = t.root, t.format
         self.categories, self.rejects = dict(t.categories), t.rejects
         # file names as one bytes blob + offsets: a list of 10M str would be 10M refcounted objects

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError, config_or_keywords
+from pytorchtricks.core import PttError, config_first
 from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
@@ -170,7 +170,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         split: ``"blocked"`` (default) or ``"interleaved"``. uneven: ``"pad"`` (default) or ``"drop"``.
         cache_dir, cache_limit, prefetch: for URLs, the node-shared cache (``shards.cache``), its bound in bytes
             (``"20GB"``; None: unbounded) and how many shards ahead each reader downloads.
-        config: a ``StreamConfig`` holding these options instead of the arguments (not both).
+        config: a ``StreamConfig``; the options above are its fields, given as it or as keywords (not both).
 
     Example:
         >>> import tempfile, os; from PIL import Image
@@ -182,27 +182,10 @@ class ShardStream(torch.utils.data.IterableDataset):
     """
 
     def __init__(
-        self,
-        path: str | os.PathLike[str] | list[str],
-        shuffle: bool = True,
-        seed: int = 0,
-        decode: Decode = "auto",
-        transform: Callable[[Any], Any] | None = None,
-        config: StreamConfig | None = None,
-        *,
-        buffer_size: int = 1000,
-        batch_size: int = 1,
-        rank: int | None = None,
-        world_size: int | None = None,
-        on_error: str = "raise",
-        split: str = "blocked",
-        uneven: str = "pad",
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        prefetch: int = 2,
+        self, path: str | os.PathLike[str] | list[str], config: StreamConfig | None = None, **options: Any
     ) -> None:
         super().__init__()
-        cfg = config_or_keywords(config, StreamConfig, locals())
+        cfg = config_first(config, StreamConfig, options)
         self.shuffle, self.seed = bool(cfg.shuffle), int(cfg.seed)
         self.decode, self.transform = cfg.decode, cfg.transform
         self._decode = make_decoder(cfg.decode)
