@@ -419,3 +419,19 @@ def test_bias_correction_removes_the_mean_output_error_it_measures() -> None:
         (_, got), *_ = balance.outputs(255)  # the rounded conv with the corrected bias
         after = (got - ref).mean((0, 2, 3)).abs().max()
     assert after < 1e-3 * before, (before, after)
+
+
+def test_every_mode_dispatches_through_its_registered_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytorchtricks.tricks.model import quantize as qmod
+
+    assert set(qmod._QUANTIZE_MODE_HANDLER) == set(qmod.MODES)
+    seen = []
+    monkeypatch.setitem(
+        qmod._QUANTIZE_MODE_HANDLER, "fp16", lambda m, ex, cfg: seen.append((ex, cfg)) or "done"
+    )
+    x = torch.randn(2, 4)
+    assert ptt.quantize(nn.Linear(4, 4).eval(), [x], "fp16") == "done"
+    ((example, config),) = seen
+    assert len(example) == 1 and example[0] is x and config.precision == "fp16"
+    with pytest.raises(PttError, match="add it to MODES"):
+        qmod.register_quantize_mode_handler("int4")(lambda m, ex, cfg: m)

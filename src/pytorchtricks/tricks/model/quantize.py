@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,6 +329,30 @@ class QuantConfig:
         return dataclasses.replace(self, **changes)
 
 
+_Handler = Callable[[nn.Module, tuple[Any, ...], QuantConfig], Any]
+# mode -> the function that quantizes for it, filled by ``register_quantize_mode_handler`` below (as torchao fills
+# ``_QUANTIZE_CONFIG_HANDLER`` per config type): ``quantize`` validates, looks the mode up and calls it.
+_QUANTIZE_MODE_HANDLER: dict[str, _Handler] = {}
+
+
+def register_quantize_mode_handler(*modes: str) -> Callable[[_Handler], _Handler]:
+    """Register the decorated function as the handler of ``modes`` (each one of ``MODES``).
+
+    A handler takes ``(model, example, config)`` - ``example`` already a tuple of inputs - and returns what
+    ``quantize`` returns for that mode; it owns its mode's whole path (eval check, reference outputs, safety check)
+    through the shared steps ``_needs_eval``, ``_reference`` and ``_checked``.
+    """
+
+    def register(handler: _Handler) -> _Handler:
+        for mode in modes:
+            if mode not in MODES:
+                raise PttError(f"no quantize mode {mode!r} to register a handler for; add it to MODES first.")
+            _QUANTIZE_MODE_HANDLER[mode] = handler
+        return handler
+
+    return register
+
+
 def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | None = None) -> Any:
     """Quantize ``model`` for CPU inference; returns the quantized callable (a ``Quantized`` module).
 
@@ -353,100 +377,158 @@ def quantize(model: nn.Module, example_inputs: Any, config: QuantConfig | str | 
             f"config must be a QuantConfig or a precision name, not {type(config).__name__}; "
             "e.g. ptt.QuantConfig('int8', calibration=batches, engine='onednn')."
         )
-    mode = config.precision
-    reduce_range, backend = config.reduce_range, config.backend
-    calibration, calibration_batches = config.calibration, config.calibration_batches
-    check, min_sqnr_db, clone_inputs = config.check, config.min_sqnr_db, config.clone_inputs
-    plan = config.engine == "onednn"
-    aot = config.engine in ("aot", "onednn")
-    compile = config.engine != "eager"
-    example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
-    if mode == "qat":
-        return _prepare_qat(model, example, reduce_range)
-    if model.training and mode != "qat_convert":
-        raise PttError(f"quantize({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
-    from pytorchtricks.safety import check_transform, reference_outputs
-
-    if mode == "qat_convert":
-        if not isinstance(model, torch.fx.GraphModule):
-            raise PttError(
-                "qat_convert takes the graph that quantize(model, x, 'qat') returned, after training."
-            )
-        pt2e = require("torchao.quantization.pt2e", "infer", package="torchao")
-        pt2e.move_exported_model_to_eval(model)
-    ref = reference_outputs(model, example) if check else None
-    freezing = False
-    if mode == "int8":
-        use = backend if backend != "auto" else ("pt2e" if _has_torchao() else "fx")
-        batches = _batches(calibration, example, calibration_batches)
-        ranges, why = int8_range(use, reduce_range)
-        inner, levels = _static_int8(_working_copy(model), example, batches, use, ranges=ranges)
-        freezing = compile and use == "pt2e"  # FX output already runs eager x86 int8 kernels: not compiled
-        result = Quantized(_compile(inner) if freezing else inner, mode, use, freezing=freezing)
-        result.int8_ranges, result.int8_levels = ranges, levels
-        result.reduce_range, result.reduce_range_reason = ranges == "7bit_activations", why
-        if plan and use != "pt2e":
-            result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
-            warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=2)
-        elif plan:
-            result = onednn_plan(result, inner, example)
-            if result.plan_error:
-                warnings.warn(
-                    f"no oneDNN plan ({result.plan_error[:200]}); the int8 model runs compiled",
-                    NoEffectWarning,
-                    stacklevel=2,
-                )
-        if aot and freezing:
-            result = _aot_package(result, example)
-            if result.aot_error:
-                warnings.warn(
-                    f"the AOTInductor package failed ({result.aot_error[:160]}); the int8 model runs under "
-                    "torch.compile",
-                    NoEffectWarning,
-                    stacklevel=2,
-                )
-    elif mode == "qat_convert":
-        pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
-        try:
-            inner = pt2e.convert_pt2e(model)
-        except Exception as exc:
-            raise PttError(
-                f"qat_convert failed ({type(exc).__name__}: {str(exc)[:200]}); pass the graph that "
-                "quantize(model, x, 'qat') returned, after training."
-            ) from exc
-        result = Quantized(_compile(inner) if compile else inner, mode, "pt2e", freezing=compile)
-        result.int8_ranges, result.reduce_range_reason = getattr(model, "meta", {}).get(
-            "ptt_int8_ranges", (None, None)
+    handler = _QUANTIZE_MODE_HANDLER.get(config.precision)
+    if handler is None:  # QuantConfig checks the name against MODES: a mode listed there but never registered
+        raise PttError(
+            f"quantize mode {config.precision!r} has no handler; register one with "
+            "@register_quantize_mode_handler in tricks/model/quantize.py."
         )
-        result.reduce_range = None if result.int8_ranges is None else result.int8_ranges == "7bit_activations"
-    elif mode == "int8_dynamic":
-        kinds = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
-        if not any(isinstance(m, kinds) for m in model.modules()):
-            warnings.warn("int8_dynamic found no Linear/LSTM/GRU to quantize.", NoEffectWarning, stacklevel=2)
-        from torch.ao.quantization import quantize_dynamic
+    example = tuple(example_inputs) if isinstance(example_inputs, list | tuple) else (example_inputs,)
+    return handler(model, example, config)
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            dynamic = quantize_dynamic(_copy(model), set(kinds), dtype=torch.qint8)
-        result = Quantized(dynamic, mode, "torch.ao.dynamic")
-    else:
-        dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-        cast = _copy(model).to(dtype)
-        result = Quantized(_compile(cast) if compile else cast, mode, "cast", freezing=compile, dtype=dtype)
-    result.clone_inputs = clone_inputs
-    if ref is not None:
-        floor = DEFAULT_MIN_SQNR_DB[mode] if min_sqnr_db is None else min_sqnr_db
-        try:
-            report = check_transform(result, example, ref, step=f"quantize:{mode}", min_sqnr_db=floor)
-        except PttError:
-            raise
-        except Exception as exc:  # the first call compiles (Inductor) or runs kernels for the first time
-            raise PttError(
-                f"the {mode} model failed on its first call ({type(exc).__name__}: {str(exc)[:300]}); "
-                "retry with engine='eager'" + (" or backend='fx'" if mode == "int8" else "") + "."
-            ) from exc
-        result.safety_report = report
+
+def _needs_eval(model: nn.Module, mode: str) -> None:
+    if model.training:
+        raise PttError(f"quantize({mode!r}) needs model.eval(); for quantization-aware training use 'qat'.")
+
+
+def _reference(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> Any:
+    """The float model's outputs the safety check compares with (``None`` with ``check=False``); taken before the
+    mode's own work, which may change ``model`` (``qat_convert`` converts the graph in place)."""
+    from pytorchtricks.safety import reference_outputs
+
+    return reference_outputs(model, example) if config.check else None
+
+
+def _checked(
+    result: Quantized, example: tuple[Any, ...], ref: Any, config: QuantConfig, retry: str
+) -> Quantized:
+    """``result`` with the caller's ``clone_inputs`` and, when ``ref`` was taken, its safety report (SQNR vs the
+    float outputs, inputs unchanged); ``retry`` is what the error suggests when the first call fails."""
+    from pytorchtricks.safety import check_transform
+
+    mode = config.precision
+    result.clone_inputs = config.clone_inputs
+    if ref is None:
+        return result
+    floor = DEFAULT_MIN_SQNR_DB[mode] if config.min_sqnr_db is None else config.min_sqnr_db
+    try:
+        report = check_transform(result, example, ref, step=f"quantize:{mode}", min_sqnr_db=floor)
+    except PttError:
+        raise
+    except Exception as exc:  # the first call compiles (Inductor) or runs kernels for the first time
+        raise PttError(
+            f"the {mode} model failed on its first call ({type(exc).__name__}: {str(exc)[:300]}); retry with {retry}."
+        ) from exc
+    result.safety_report = report
     return result
+
+
+@register_quantize_mode_handler("qat")
+def _quantize_qat(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> nn.Module:
+    """The trainable fake-quantized graph (no safety check: it is not the int8 model yet)."""
+    return _prepare_qat(model, example, config.reduce_range)
+
+
+@register_quantize_mode_handler("int8")
+def _quantize_int8(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> Quantized:
+    """Calibrated static int8 (PT2E or FX), compiled for PT2E unless ``engine="eager"``, then the engine's extras."""
+    _needs_eval(model, "int8")
+    ref = _reference(model, example, config)
+    backend = config.backend
+    use = backend if backend != "auto" else ("pt2e" if _has_torchao() else "fx")
+    batches = _batches(config.calibration, example, config.calibration_batches)
+    ranges, why = int8_range(use, config.reduce_range)
+    inner, levels = _static_int8(_working_copy(model), example, batches, use, ranges=ranges)
+    freezing = config.engine != "eager" and use == "pt2e"  # FX output already runs eager x86 int8 kernels
+    result = Quantized(_compile(inner) if freezing else inner, "int8", use, freezing=freezing)
+    result.int8_ranges, result.int8_levels = ranges, levels
+    result.reduce_range, result.reduce_range_reason = ranges == "7bit_activations", why
+    result = _int8_engine(result, inner, example, config.engine, use)
+    return _checked(result, example, ref, config, retry="engine='eager' or backend='fx'")
+
+
+def _int8_engine(result: Quantized, inner: Any, example: tuple[Any, ...], engine: str, use: str) -> Quantized:
+    """What ``engine="onednn"`` / ``"aot"`` add to the compiled int8 model: the oneDNN plan, the AOTInductor
+    package; each one that cannot be built warns and leaves the compiled path running."""
+    if engine == "onednn" and use != "pt2e":
+        result.plan_error = "the oneDNN plan lowers PT2E graphs; this model was quantized with FX"
+        warnings.warn(f"no oneDNN plan: {result.plan_error}", NoEffectWarning, stacklevel=4)
+    elif engine == "onednn":
+        result = onednn_plan(result, inner, example)
+        if result.plan_error:
+            warnings.warn(
+                f"no oneDNN plan ({result.plan_error[:200]}); the int8 model runs compiled",
+                NoEffectWarning,
+                stacklevel=4,
+            )
+    if engine in ("aot", "onednn") and result.freezing:
+        result = _aot_package(result, example)
+        if result.aot_error:
+            warnings.warn(
+                f"the AOTInductor package failed ({result.aot_error[:160]}); the int8 model runs under "
+                "torch.compile",
+                NoEffectWarning,
+                stacklevel=4,
+            )
+    return result
+
+
+@register_quantize_mode_handler("qat_convert")
+def _quantize_qat_convert(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> Quantized:
+    """The int8 form of a trained QAT graph (converted in place: the reference is taken first)."""
+    if not isinstance(model, torch.fx.GraphModule):
+        raise PttError("qat_convert takes the graph that quantize(model, x, 'qat') returned, after training.")
+    require("torchao.quantization.pt2e", "infer", package="torchao").move_exported_model_to_eval(model)
+    ref = _reference(model, example, config)
+    pt2e = require("torchao.quantization.pt2e.quantize_pt2e", "infer", package="torchao")
+    try:
+        inner = pt2e.convert_pt2e(model)
+    except Exception as exc:
+        raise PttError(
+            f"qat_convert failed ({type(exc).__name__}: {str(exc)[:200]}); pass the graph that "
+            "quantize(model, x, 'qat') returned, after training."
+        ) from exc
+    compile = config.engine != "eager"
+    result = Quantized(_compile(inner) if compile else inner, "qat_convert", "pt2e", freezing=compile)
+    result.int8_ranges, result.reduce_range_reason = getattr(model, "meta", {}).get(
+        "ptt_int8_ranges", (None, None)
+    )
+    result.reduce_range = None if result.int8_ranges is None else result.int8_ranges == "7bit_activations"
+    return _checked(result, example, ref, config, retry="engine='eager'")
+
+
+@register_quantize_mode_handler("int8_dynamic")
+def _quantize_int8_dynamic(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> Quantized:
+    """Dynamic int8 of every Linear/LSTM/GRU (weights int8, activations quantized per call), run eager."""
+    _needs_eval(model, "int8_dynamic")
+    ref = _reference(model, example, config)
+    kinds = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
+    if not any(isinstance(m, kinds) for m in model.modules()):
+        warnings.warn("int8_dynamic found no Linear/LSTM/GRU to quantize.", NoEffectWarning, stacklevel=3)
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        dynamic = quantize_dynamic(_copy(model), set(kinds), dtype=torch.qint8)
+    result = Quantized(dynamic, "int8_dynamic", "torch.ao.dynamic")
+    return _checked(result, example, ref, config, retry="engine='eager'")
+
+
+_CAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@register_quantize_mode_handler(*_CAST_DTYPES)
+def _quantize_cast(model: nn.Module, example: tuple[Any, ...], config: QuantConfig) -> Quantized:
+    """Weights converted to bf16/fp16 (inputs cast on the way in), compiled unless ``engine="eager"``."""
+    mode = config.precision
+    _needs_eval(model, mode)
+    ref = _reference(model, example, config)
+    dtype = _CAST_DTYPES[mode]
+    compile = config.engine != "eager"
+    cast = _copy(model).to(dtype)
+    result = Quantized(_compile(cast) if compile else cast, mode, "cast", freezing=compile, dtype=dtype)
+    return _checked(result, example, ref, config, retry="engine='eager'")
 
 
 def _has_torchao() -> bool:
