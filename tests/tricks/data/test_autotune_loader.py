@@ -107,5 +107,5 @@ def test_config_is_the_keywords_as_one_value(jpegs, tmp_path):
         autotune_loader(jpegs, 8, cfg, crop=64, batches=2)
     with pytest.raises(PttError, match=r"cache_in_ram's options \(cache_dir\)"):
         autotune_loader(jpegs, 8, cfg, cache_dir=str(tmp_path))
-    with pytest.raises(PttError, match="unknown keywords"):
+    with pytest.raises(PttError, match=r"unknown keywords \['cache_dri'\] \(did you mean 'cache_dir'\?\)"):
         autotune_loader(jpegs, 8, cache=(False,), cache_dri=str(tmp_path))

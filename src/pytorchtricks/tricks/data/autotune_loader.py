@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorchtricks.clock import Deadline, now_s
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, config_or_keywords
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, config_first
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
@@ -179,38 +179,29 @@ def _cache_config(config: AutotuneConfig | None, cache_kwargs: dict[str, Any]) -
         )
     from pytorchtricks.tricks.data.cache_in_ram import CacheConfig
 
-    try:
-        return CacheConfig(**cache_kwargs)
-    except TypeError:
-        names = ", ".join(f.name for f in fields(CacheConfig))
+    names = [f.name for f in fields(CacheConfig)]
+    unknown = sorted(set(cache_kwargs) - set(names))
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], names + [f.name for f in fields(AutotuneConfig)], n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
         raise PttError(
-            f"autotune_loader got unknown keywords {sorted(cache_kwargs)}: besides its own it takes "
-            f"cache_in_ram's ({names})."
-        ) from None
+            f"autotune_loader got unknown keywords {unknown}{guess}: besides its own (AutotuneConfig's fields) it "
+            f"takes cache_in_ram's ({', '.join(names)})."
+        )
+    return CacheConfig(**cache_kwargs)
 
 
 def autotune_loader(
-    dataset: Any,
-    batch_size: int,
-    config: AutotuneConfig | None = None,
-    *,
-    crop: int | None = 224,
-    workers: tuple[int, ...] | None = None,
-    prefetch_factors: tuple[int, ...] = (2, 4),
-    pin_memory: tuple[bool, ...] | None = None,
-    cache: tuple[bool, ...] = (False, True),
-    cache_size: int = 256,
-    budget_s: float = 60.0,
-    batches: int = 4,
-    step: Step | None = None,
-    **cache_kwargs: Any,
+    dataset: Any, batch_size: int, config: AutotuneConfig | None = None, **options: Any
 ) -> AutotuneResult:
     """Measure loader settings on ``dataset`` within ``budget_s`` seconds and return the fastest (images/s).
 
     ``step(x, y)``, when given, is called on every batch in this process (your training step): the rate is then
     that of the loop, loader and step together, and the winner is the setting your job runs fastest with.
-    Other keywords are ``cache_in_ram``'s, for the cached settings. ``config``: an ``AutotuneConfig`` holding
-    these options instead of the keywords (not both).
+    The options are ``AutotuneConfig``'s fields: one ``config``, or its fields as keywords (not both); other
+    keywords are ``cache_in_ram``'s (``CacheConfig``'s fields), for the cached settings.
 
     Example:
         >>> ds = [(torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8), 0) for _ in range(40)]
@@ -218,8 +209,12 @@ def autotune_loader(
         >>> sorted(r.best), len(r.table) >= 1
         (['crop', 'num_workers', 'pin_memory', 'prefetch_factor'], True)
     """
-    keywords = {**locals(), "cache_config": _cache_config(config, cache_kwargs)}
-    return _autotune(dataset, batch_size, config_or_keywords(config, AutotuneConfig, keywords))
+    own = {f.name for f in fields(AutotuneConfig)}
+    cache_kwargs = {k: v for k, v in options.items() if k not in own}
+    mine = {k: v for k, v in options.items() if k in own}
+    if cache_kwargs:
+        mine["cache_config"] = _cache_config(config, cache_kwargs)
+    return _autotune(dataset, batch_size, config_first(config, AutotuneConfig, mine))
 
 
 def _autotune(dataset: Any, batch_size: int, cfg: AutotuneConfig) -> AutotuneResult:
