@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first
 from pytorchtricks.data.batches import BatchSlots
 from pytorchtricks.data.detection_loader import DetectionBatch, DetectionBatcher, aspect_groups
 from pytorchtricks.data.recipes import DetectionRecipe
@@ -83,6 +83,7 @@ def make_detection_loader(
     batch_size: int,
     recipe: DetectionRecipe | str = "shortest_side",
     config: DetectionLoaderConfig | None = None,
+    **options: Any,
 ) -> Loader:
     """Batches ``DetectionBatch(images uint8 [N,3,H,W] padded, sizes int64 [N,2], targets list)`` from a
     detection dataset (``ptt.open_detection(root)``, a detection pack, or any map-style dataset returning
@@ -92,7 +93,8 @@ def make_detection_loader(
     (480-800 step 32 per batch, max 1333, flip), ``"lsj"`` (1024), ``"ssd"`` (300). Each image's geometry is
     planned from its header; the JPEG is decoded at the largest DCT scale that keeps the output size, only the
     window's rows and columns for crops, and warped once into its slot of the padded batch; its boxes follow the
-    same map (clipped; degenerate ones dropped, counted in ``target["dropped"]``).
+    same map (clipped; degenerate ones dropped, counted in ``target["dropped"]``). The loader's other options are
+    ``DetectionLoaderConfig``'s fields: one ``config``, or its fields as keywords (``num_workers=4``; not both).
 
     Example:
         >>> import io; from PIL import Image
@@ -103,7 +105,7 @@ def make_detection_loader(
         >>> tuple(b.images.shape), b.sizes.tolist(), b.targets[0]["boxes"].tolist()
         ((2, 3, 256, 320), [[240, 320], [240, 320]], [[5.0, 10.0, 55.0, 110.0]])
     """
-    cfg = config or DetectionLoaderConfig()
+    cfg = config_first(config, DetectionLoaderConfig, options)
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     rec = detection_recipe(recipe)
