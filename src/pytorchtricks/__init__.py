@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "batch_cutout": "pytorchtricks.tricks.data.device_augment",
     "batch_normalize": "pytorchtricks.tricks.data.device_augment",
     "dataset_on_device": "pytorchtricks.tricks.data.dataset_on_device",
+    "DeviceDatasetConfig": "pytorchtricks.tricks.data.dataset_on_device",
     "autotune_loader": "pytorchtricks.tricks.data.autotune_loader",
     "AutotuneConfig": "pytorchtricks.tricks.data.autotune_loader",
     "JpegFolder": "pytorchtricks.data.folder",

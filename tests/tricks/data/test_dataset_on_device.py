@@ -57,3 +57,13 @@ def test_misuse():
         mod.dataset_on_device(x.float(), y, 4, device="cpu")
     with pytest.raises(PttError, match="labels"):
         mod.dataset_on_device(x, y[:3], 4, device="cpu")
+
+
+def test_a_config_gives_the_same_batches_as_its_keywords():
+    x, y = _data()
+    opts = {"device": "cpu", "seed": 4, "drop_last": True, "augment": {"flip": True}}
+    by_kw = [b[1].tolist() for b in mod.dataset_on_device(x, y, 4, **opts)]
+    by_cfg = [b[1].tolist() for b in mod.dataset_on_device(x, y, 4, mod.DeviceDatasetConfig(**opts))]
+    assert by_kw == by_cfg and len(by_kw) == 5
+    with pytest.raises(PttError, match="unknown option 'drop_lats': did you mean 'drop_last'"):
+        mod.dataset_on_device(x, y, 4, drop_lats=True)

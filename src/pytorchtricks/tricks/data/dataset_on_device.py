@@ -12,15 +12,16 @@ See also: device_augment, cache_in_ram, prefetch_to_device; airbench.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo, resolve_device
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first, resolve_device
 from pytorchtricks.tricks.data.device_augment import device_augment
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
-__all__ = ["dataset_on_device"]
+__all__ = ["DeviceDatasetConfig", "dataset_on_device"]
 
 TRICK = TrickInfo(gains=("speed",), phase=("train",), exact=True)
 
@@ -141,22 +142,38 @@ class DeviceDataset:
             yield x, self.labels.index_select(0, idx)
 
 
+@dataclass(frozen=True)
+class DeviceDatasetConfig:
+    """``dataset_on_device``'s options as one value: ``ptt.dataset_on_device(x, y, 256, ptt.DeviceDatasetConfig(
+    device="cuda", augment={"flip": True}))``, or its fields as keywords.
+
+    ``device``: where the set lives (None: CUDA when available, else CPU). ``shuffle``: a new order each pass,
+    drawn on the device from ``seed``'s generator. ``drop_last``: full batches only. ``augment``: ``device_augment``
+    options (e.g. ``{"flip": True, "translate": 2}``). ``reserve``: the share of the device's free memory the set
+    must leave free (else ``PttError``).
+    """
+
+    device: str | torch.device | None = None
+    shuffle: bool = True
+    drop_last: bool = False
+    augment: dict[str, Any] | None = None
+    seed: int = 0
+    reserve: float = 0.25
+
+
 def dataset_on_device(
     images: torch.Tensor,
     labels: torch.Tensor,
     batch_size: int,
-    *,
-    device: str | torch.device | None = None,
-    shuffle: bool = True,
-    drop_last: bool = False,
-    augment: dict[str, Any] | None = None,
-    seed: int = 0,
-    reserve: float = 0.25,
+    config: DeviceDatasetConfig | None = None,
+    **options: Any,
 ) -> DeviceDataset:
     """Move ``images`` (uint8 ``[N, C, H, W]``) and ``labels`` to ``device`` once; iterate shuffled batches there.
 
-    ``augment`` holds ``device_augment`` options (e.g. ``{"flip": True, "translate": 2}``). Refuses (``PttError``)
-    when the set would use more than ``1 - reserve`` of the free memory of the device.
+    The options are ``DeviceDatasetConfig``'s fields (``device``, ``shuffle``, ``drop_last``, ``augment``,
+    ``seed``, ``reserve``): one ``config``, or its fields as keywords (not both). ``augment`` holds
+    ``device_augment`` options (e.g. ``{"flip": True, "translate": 2}``). Refuses (``PttError``) when the set would
+    use more than ``1 - reserve`` of the free memory of the device.
 
     Example:
         >>> x = torch.randint(0, 256, (10, 3, 8, 8), dtype=torch.uint8)
@@ -164,6 +181,7 @@ def dataset_on_device(
         >>> [tuple(b[0].shape) for b in dd][-1], len(dd)
         ((2, 3, 8, 8), 3)
     """
+    cfg = config_first(config, DeviceDatasetConfig, options)
     if not isinstance(images, torch.Tensor) or images.dim() != 4 or images.dtype != torch.uint8:
         raise PttError(
             "images must be one uint8 tensor [N, C, H, W]; resize to one size and stack them first."
@@ -172,18 +190,18 @@ def dataset_on_device(
         raise PttError(f"{len(images)} images but {len(labels)} labels.")
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
-    dev = resolve_device(device)
+    dev = resolve_device(cfg.device)
     labels = torch.as_tensor(labels)
     if images.device != dev:  # already resident: nothing new to allocate
-        _check_fits(images.nbytes + labels.nbytes, dev, reserve)
+        _check_fits(images.nbytes + labels.nbytes, dev, cfg.reserve)
     return DeviceDataset(
         images.to(dev),
         labels.to(dev),
         batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        augment=augment,
-        seed=seed,
+        shuffle=cfg.shuffle,
+        drop_last=cfg.drop_last,
+        augment=cfg.augment,
+        seed=cfg.seed,
     )
 
 
