@@ -15,7 +15,6 @@ BEING_SPLIT = {
     ("tune/diagnose.py", "diagnose"),
     ("tune/engine.py", "_phase_candidates"),
     ("tune/receipt.py", "apply_snippet"),
-    ("analysis/data_doctor.py", "doctor_data"),
     ("integrations/ultralytics_data.py", "_make"),  # the Ultralytics integration, in progress
 }
 

@@ -132,6 +132,7 @@ _EXPORTS: dict[str, str] = {
     "check_transform": "pytorchtricks.safety",
     "SafetyError": "pytorchtricks.safety",
     "doctor_data": "pytorchtricks.analysis.data_doctor",
+    "DataDoctorConfig": "pytorchtricks.analysis.data_doctor",
     "check_reproducible": "pytorchtricks.analysis.reproducibility",
     "lint": "pytorchtricks.analysis.lint",
     "apply_lint_fixes_": "pytorchtricks.analysis.lint",

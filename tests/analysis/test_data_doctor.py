@@ -40,6 +40,19 @@ def test_misuse_and_paths(tmp_path):
         doctor_data([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0)] * 3, batch_size=4)
     with pytest.raises(PttError, match="does not exist"):
         open_image_dataset(tmp_path / "nope")
+    with pytest.raises(PttError, match="unknown option 'step_time': did you mean 'step_time_s'"):
+        doctor_data([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0)] * 3, step_time=0.1)
+
+
+def test_a_config_is_its_keywords_as_one_value(jpegs):
+    from pytorchtricks.analysis.data_doctor import DataDoctorConfig
+
+    opts = {"batch_size": 8, "crop": 64, "batches": 2, "num_workers": 0, "step_time_s": 0.0}
+    by_cfg = doctor_data(jpegs, DataDoctorConfig(**opts))
+    assert (by_cfg.batch_size, by_cfg.batches, by_cfg.num_workers, by_cfg.step_time_s) == (8, 2, 0, 0.0)
+    assert by_cfg.verdict.startswith("input-bound")  # the step takes no time: the loader is all the wait
+    with pytest.raises(PttError, match=r"not both \(got batches too\)"):
+        doctor_data(jpegs, DataDoctorConfig(**opts), batches=3)
 
 
 def test_cli_prints_the_stage_table_and_verdict(tmp_path, capsys, jpegs):

@@ -24,10 +24,10 @@ import torch
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, drain, now_s
-from pytorchtricks.core import Option, PttError, PttWarning, Spelt, resolve_device
+from pytorchtricks.core import Option, PttError, PttWarning, Spelt, config_first, resolve_device
 from pytorchtricks.data.batches import default_workers
 
-__all__ = ["doctor_data", "DataReport", "open_image_dataset"]
+__all__ = ["doctor_data", "DataDoctorConfig", "DataReport", "open_image_dataset"]
 
 STAGES = ("read", "decode", "augment", "collate", "host_to_device")
 
@@ -201,26 +201,40 @@ def _loader_times(
     return free_s, wait / max(m, 1)
 
 
-def doctor_data(
-    data: Any,
-    *,
-    batch_size: int | None = None,
-    crop: int | None = 224,
-    batches: int = 4,
-    num_workers: int | None = None,
-    step_time_s: float | None = None,
-    device: str | torch.device | None = "cpu",
-    step: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    split: str | None = None,
-    recipe: Any = "shortest_side",
-) -> DataReport:
+@dataclass(frozen=True)
+class DataDoctorConfig:
+    """``doctor_data``'s options as one value: ``ptt.doctor_data(path, ptt.DataDoctorConfig(batches=8))``, or its
+    fields as keywords (``ptt.doctor_data(path, batches=8)``).
+
+    ``batch_size``: default 64 (classification) or 4 (detection). ``crop``: the random crop's side (None: the stored
+    size). ``batches``: timed batches. ``num_workers``: the loader's (default: the loaders' own,
+    ``data.batches.default_workers``). ``step_time_s``: the training step's seconds per batch, a pause standing in for
+    it (None: no verdict, only the loader's rate). ``device``: where the host-to-device stage copies to. ``step``:
+    the training step itself, a callable (its time is then measured). ``cache_dir``: the node cache for a pack's
+    URL. ``split``: a detection root's split (default its train split). ``recipe``: a detection ``DetectionRecipe``
+    or its name.
+    """
+
+    batch_size: int | None = None
+    crop: int | None = 224
+    batches: int = 4
+    num_workers: int | None = None
+    step_time_s: float | None = None
+    device: str | torch.device | None = "cpu"
+    step: Any = None
+    cache_dir: str | os.PathLike[str] | None = None
+    split: str | None = None
+    recipe: Any = "shortest_side"
+
+
+def doctor_data(data: Any, config: DataDoctorConfig | None = None, **options: Any) -> DataReport:
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
 
     Classification data is loaded as ``make_loader`` loads it (a random crop of ``crop`` px, None: the stored size;
     ``batch_size`` default 64); detection data (a COCO / YOLO / VOC root - its ``split``, default the train split -
     or pack) as ``make_detection_loader`` does (``recipe``: a ``DetectionRecipe`` or its name, default torchvision's
-    detection reference, 800 px up to 1333, flip; ``batch_size`` default 4).
+    detection reference, 800 px up to 1333, flip; ``batch_size`` default 4). The options are ``DataDoctorConfig``'s
+    fields: one ``config``, or its fields as keywords (not both).
 
     ``step``: the caller's training step as a callable (one batch's work, data staged): it runs beside the loader,
     so the wait includes the cores the step takes from the workers; ``step_time_s`` is then measured from it.
@@ -234,74 +248,36 @@ def doctor_data(
         True
     """
     from pytorchtricks.analysis import data_doctor_detection as det
-    from pytorchtricks.tricks.data.make_loader import make_loader
 
-    dataset, boxes, batch_size = _opened(data, cache_dir, split, batch_size, batches, step_time_s is not None)
-    dev = resolve_device(device)
-    if step is not None:  # the step's own time, alone: what the wait is judged against
-        step()
-        t0 = now_s()
-        step()
-        step_time_s = now_s() - t0
-    workers = default_workers(num_workers)
-    rec = det.recipe_of(recipe) if boxes else None
+    cfg = config_first(config, DataDoctorConfig, options)
+    beside = cfg.step_time_s is not None  # a stand-in step: one batch more, timed beside it
+    dataset, boxes, batch_size = _opened(data, cfg.cache_dir, cfg.split, cfg.batch_size, cfg.batches, beside)
+    dev = resolve_device(cfg.device)
+    step_time_s = _step_alone(cfg.step) if cfg.step is not None else cfg.step_time_s
+    workers = default_workers(cfg.num_workers)
+    rec = det.recipe_of(cfg.recipe) if boxes else None
     if rec is not None:  # detection data, as make_detection_loader builds its batches
-        stages, total, decoded = det.detection_serial(dataset, batch_size, batches, rec, dev)
+        stages, total, decoded = det.detection_serial(dataset, batch_size, cfg.batches, rec, dev)
     else:
-        stages, total, decoded = _serial(dataset, batch_size, batches, crop, dev)
-    with warnings.catch_warnings(record=True) as said:  # a loader fitted to /dev/shm says so: a note here
-        warnings.simplefilter("always", PttWarning)
-        loader = (
-            det.detection_loader(dataset, batch_size, rec, workers)
-            if rec is not None
-            else make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
-        )
-    fixes = det.FIXES if boxes else FIXES
-    shm_notes = [
-        str(w.message) for w in said if issubclass(w.category, PttWarning) and "/dev/shm" in str(w.message)
-    ]
+        stages, total, decoded = _serial(dataset, batch_size, cfg.batches, cfg.crop, dev)
+    loader, notes = _real_loader(dataset, batch_size, rec, cfg.crop, workers)
     cpu: dict[str, Any] = {}
-    loader_s, wait = _loader_times(loader, batches, step_time_s, prefetched=2 * workers, step=step, cpu=cpu)
+    loader_s, wait = _loader_times(
+        loader, cfg.batches, step_time_s, prefetched=2 * workers, step=cfg.step, cpu=cpu
+    )
     core_s = None
     if "beside the step" in cpu:
         core_s = judge.CoreSeconds.of(cpu["beside the step"], cpu["beside batches"])
     worst = max(stages, key=lambda k: stages[k])
-    notes: list[str] = [*shm_notes, *(det.rejects_note(dataset) if boxes else [])]
-    if step_time_s is None:
-        verdict: str = Spelt(
-            "unknown: the loader gives {rate:.0f} images/s; pass {o} (your training step's seconds per batch) to "
-            "compare",
-            rate=batch_size / loader_s,
-            o=Option("step_time_s", flag="--step-time"),
-        )
-        fix = fixes[worst]
-    else:
-        v = judge.judge(step_time_s + (wait or 0.0), wait or 0.0, core_seconds=core_s)
-        if v.name == judge.INPUT_BOUND:
-            verdict = (
-                f"input-bound: the step waits {(wait or 0.0) * 1e3:.1f} ms per batch for data ({v.evidence})"
-            )
-            fix = fixes[worst]
-            if workers < len(os.sched_getaffinity(0)):
-                cores, o = len(os.sched_getaffinity(0)), Option("num_workers", workers, flag="--workers")
-                notes.append(Spelt("{o} < {n} cores: try more workers first", n=cores, o=o))
-        elif v.name == judge.CPU_CONTENDED:
-            verdict = f"CPU-contended: {v.evidence}"
-            fix = v.fix
-        else:
-            verdict = f"compute-bound: the loader keeps up with the step ({v.evidence})"
-            fix = "nothing in the input pipeline; speed up the step itself"
-    if decoded["fallback"]:
-        why = ", ".join(f"{k}: {v}" for k, v in sorted(decoded["fallback"].items()))
-        notes.append(
-            f"{sum(decoded['fallback'].values())} of {decoded['images']} JPEGs were decoded whole, not as the "
-            f"crop's window ({why}); re-encoding them as baseline 4:2:0/4:4:4 JPEGs (ptt pack --quality 90) "
-            "lets the region-of-interest decode skip what the crop does not need"
-        )
-    n = batch_size * batches
+    notes += det.rejects_note(dataset) if boxes else []
+    rate = batch_size / loader_s if loader_s > 0 else float("inf")
+    fixes = det.FIXES if boxes else FIXES
+    verdict, fix = _verdict(step_time_s, wait, core_s, fixes[worst], rate, workers, notes)
+    notes += _fallback_note(decoded)
+    n = batch_size * cfg.batches
     return DataReport(
         batch_size=batch_size,
-        batches=batches,
+        batches=cfg.batches,
         stages_s=stages,
         total_s=total,
         num_workers=workers,
@@ -319,6 +295,89 @@ def doctor_data(
         workers_cpu_s_per_batch=cpu["loader"].workers_cpu_s / cpu["loader batches"],
         shm=loader.shm.describe() if loader.shm is not None else None,
     )
+
+
+def _step_alone(step: Any) -> float:
+    """The step's own seconds per call, alone (after one untimed call): what the wait is judged against."""
+    step()
+    t0 = now_s()
+    step()
+    return now_s() - t0
+
+
+def _real_loader(
+    dataset: Any, batch_size: int, rec: Any, crop: int | None, workers: int
+) -> tuple[Any, list[str]]:
+    """The loader a user gets on ``dataset`` (``make_detection_loader``'s for detection data, ``rec`` its recipe,
+    else ``make_loader``'s) and, as notes, what it said about fitting its batches to /dev/shm."""
+    from pytorchtricks.analysis import data_doctor_detection as det
+    from pytorchtricks.tricks.data.make_loader import make_loader
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", PttWarning)
+        loader = (
+            det.detection_loader(dataset, batch_size, rec, workers)
+            if rec is not None
+            else make_loader(dataset, batch_size, crop=crop, num_workers=workers, persistent_workers=False)
+        )
+    notes = [
+        str(w.message) for w in said if issubclass(w.category, PttWarning) and "/dev/shm" in str(w.message)
+    ]
+    return loader, notes
+
+
+def _verdict(
+    step_time_s: float | None,
+    wait: float | None,
+    core_s: Any,
+    worst_fix: str,
+    images_per_s: float,
+    workers: int,
+    notes: list[str],
+) -> tuple[str, str]:
+    """(verdict, first fix) from the step's time and the wait beside it (``analysis.verdict``'s one judgement);
+    ``worst_fix``: the fix of the slowest stage. An input-bound loader with fewer workers than cores adds a note."""
+    if step_time_s is None:
+        unknown = Spelt(
+            "unknown: the loader gives {rate:.0f} images/s; pass {o} (your training step's seconds per batch) to "
+            "compare",
+            rate=images_per_s,
+            o=Option("step_time_s", flag="--step-time"),
+        )
+        return unknown, worst_fix
+    v = judge.judge(step_time_s + (wait or 0.0), wait or 0.0, core_seconds=core_s)
+    if v.name == judge.INPUT_BOUND:
+        cores = len(os.sched_getaffinity(0))
+        if workers < cores:
+            notes.append(
+                Spelt(
+                    "{o} < {n} cores: try more workers first",
+                    n=cores,
+                    o=Option("num_workers", workers, flag="--workers"),
+                )
+            )
+        return (
+            f"input-bound: the step waits {(wait or 0.0) * 1e3:.1f} ms per batch for data ({v.evidence})",
+            worst_fix,
+        )
+    if v.name == judge.CPU_CONTENDED:
+        return f"CPU-contended: {v.evidence}", v.fix
+    return (
+        f"compute-bound: the loader keeps up with the step ({v.evidence})",
+        "nothing in the input pipeline; speed up the step itself",
+    )
+
+
+def _fallback_note(decoded: dict[str, Any]) -> list[str]:
+    """A note on the JPEGs decoded whole rather than as the crop's window, by reason (none: no note)."""
+    if not decoded["fallback"]:
+        return []
+    why = ", ".join(f"{k}: {v}" for k, v in sorted(decoded["fallback"].items()))
+    return [
+        f"{sum(decoded['fallback'].values())} of {decoded['images']} JPEGs were decoded whole, not as the "
+        f"crop's window ({why}); re-encoding them as baseline 4:2:0/4:4:4 JPEGs (ptt pack --quality 90) "
+        "lets the region-of-interest decode skip what the crop does not need"
+    ]
 
 
 def _opened(
