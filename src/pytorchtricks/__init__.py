@@ -140,6 +140,7 @@ _EXPORTS: dict[str, str] = {
     "memory_breakdown": "pytorchtricks.analysis.memory",
     "estimate_memory": "pytorchtricks.analysis.memory",
     "find_batch_size": "pytorchtricks.analysis.memory",
+    "BatchSizeConfig": "pytorchtricks.analysis.memory",
     "profile": "pytorchtricks.analysis.profile",
     "ProfileConfig": "pytorchtricks.analysis.profile",
     "watch": "pytorchtricks.analysis.watch",

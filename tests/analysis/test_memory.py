@@ -168,6 +168,16 @@ def test_find_batch_size_errors() -> None:
         ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28), budget_bytes=1024, max_batch=32)
     with pytest.raises(PttError, match="positive"):
         ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28), budget_bytes=0)
+    with pytest.raises(
+        PttError, match="missing budget_bytes: pass them as keywords, or pass a BatchSizeConfig"
+    ):
+        ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28))
+    with pytest.raises(PttError, match="unknown option 'budget': did you mean 'budget_bytes'"):
+        ptt.find_batch_size(model, lambda n: torch.randn(n, 1, 28, 28), budget=1024)
+    with pytest.raises(PttError, match="no batch size"):  # the same search, its options as one config
+        ptt.find_batch_size(
+            model, lambda n: torch.randn(n, 1, 28, 28), None, ptt.BatchSizeConfig(1024, max_batch=32)
+        )
 
 
 def test_measure_step_peak_counts_live_state() -> None:

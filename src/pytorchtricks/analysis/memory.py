@@ -29,9 +29,16 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, config_first
 
-__all__ = ["BatchSizeResult", "MemoryBreakdown", "estimate_memory", "find_batch_size", "memory_breakdown"]
+__all__ = [
+    "BatchSizeConfig",
+    "BatchSizeResult",
+    "MemoryBreakdown",
+    "estimate_memory",
+    "find_batch_size",
+    "memory_breakdown",
+]
 
 LossFn = Callable[[Any], torch.Tensor]
 MiB = 2**20
@@ -432,17 +439,31 @@ def _default_candidates(max_batch: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class BatchSizeConfig:
+    """``find_batch_size``'s options as one value: ``ptt.find_batch_size(m, make_batch, opt,
+    ptt.BatchSizeConfig(budget_bytes=2**30))``, or its fields as keywords (``budget_bytes=2**30``).
+
+    ``budget_bytes``: the memory a step may peak at (required). ``loss_fn``: the loss of the model's output
+    (default: its mean). ``max_batch``: the largest candidate (default candidates: multiples of 8 up to it).
+    ``candidates``: the batch sizes to try instead (snapped down to multiples of 8). ``min_run_time_s``: timing per
+    candidate. ``device``: where the steps run.
+    """
+
+    budget_bytes: int
+    loss_fn: LossFn | None = None
+    max_batch: int = 512
+    candidates: Sequence[int] | None = None
+    min_run_time_s: float = 0.2
+    device: str | torch.device = "cpu"
+
+
 def find_batch_size(
     model: nn.Module,
     make_batch: Callable[[int], Any],
     optimizer: torch.optim.Optimizer | None = None,
-    *,
-    budget_bytes: int,
-    loss_fn: LossFn | None = None,
-    max_batch: int = 512,
-    candidates: list[int] | None = None,
-    min_run_time_s: float = 0.2,
-    device: str | torch.device = "cpu",
+    config: BatchSizeConfig | None = None,
+    **options: Any,
 ) -> BatchSizeResult:
     """Pick the *fastest* batch size (samples/s) whose training step fits ``budget_bytes``, in multiples of 8.
 
@@ -451,6 +472,7 @@ def find_batch_size(
     the model, ``clock``), and the winner is checked by running a real step and measuring its peak (falling
     back to the next fastest if it does not fit).
     ``make_batch(n)`` returns the model input for batch size ``n``. The model and optimizer are left unchanged.
+    The options are ``BatchSizeConfig``'s fields: one ``config``, or its fields as keywords (not both).
 
     Example:
         >>> m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -461,10 +483,12 @@ def find_batch_size(
     """
     from pytorchtricks.clock import measure
 
+    cfg = config_first(config, BatchSizeConfig, options)
+    budget_bytes, loss_fn, device = cfg.budget_bytes, cfg.loss_fn, cfg.device
     check_module(model)
     if budget_bytes <= 0:
         raise PttError(f"budget_bytes must be positive, got {budget_bytes}.")
-    cands = sorted({_snap8(c) for c in (candidates or _default_candidates(max_batch))})
+    cands = sorted({_snap8(c) for c in (cfg.candidates or _default_candidates(cfg.max_batch))})
     small, big = cands[0], max(cands[0] * 2, 16)
     e1 = estimate_memory(model, make_batch(small), optimizer, loss_fn=loss_fn)
     e2 = estimate_memory(model, make_batch(big), optimizer, loss_fn=loss_fn)
@@ -496,7 +520,7 @@ def find_batch_size(
             if opt is not None:
                 opt.step()
 
-        stats = measure(step, device=device, min_run_time_s=min_run_time_s, warmup=1)
+        stats = measure(step, device=device, min_run_time_s=cfg.min_run_time_s, warmup=1)
         r["samples_per_s"] = r["batch_size"] / stats.median_s
     for r in sorted(fitting, key=lambda r: -r["samples_per_s"]):
         peak, _ = measure_step_peak(
