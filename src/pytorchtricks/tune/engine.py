@@ -33,7 +33,7 @@ import torch
 
 from pytorchtricks.analysis.verdict import machine_busy
 from pytorchtricks.clock import Comparison, CpuMeter, CpuUse, Deadline, environment
-from pytorchtricks.core import PttError
+from pytorchtricks.core import PttError, config_first
 from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.tunable import TuneSkip
@@ -875,15 +875,10 @@ def tune_model(
     batch_size=64)``, a thin convenience over the config). Bad input raises ``PttError`` before anything is
     written; ``progress`` receives the phases as they run.
     """
-    if isinstance(model, TuneConfig):
-        if data is not None or options:
-            raise PttError("pass a TuneConfig alone, or the options as keywords - not both.")
-        cfg = model
+    if isinstance(model, TuneConfig):  # config first: the config alone, or its fields as keywords
+        cfg = config_first(model, TuneConfig, {**options, **({"data": data} if data is not None else {})})
     else:
-        try:
-            cfg = TuneConfig(model, data, **options)
-        except TypeError as exc:
-            raise PttError(f"tune_model: {exc}; the options are TuneConfig's fields.") from None
+        cfg = config_first(None, TuneConfig, {"model": model, "data": data, **options})
     return _tune(cfg, progress)
 
 
