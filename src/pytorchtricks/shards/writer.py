@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import NoEffectWarning, PttError, config_or_keywords
+from pytorchtricks.core import NoEffectWarning, PttError, config_first
 from pytorchtricks.data.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards import layout
 from pytorchtricks.shards._pool import WorkerDied, ordered_map
@@ -123,23 +123,7 @@ def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     config: PackConfig | None = None,
-    *,
-    format: str = "ptt",
-    resize: int | None = None,
-    max_side: int | None = None,
-    quality: int | None = None,
-    raw: bool = False,
-    shard_size: int | str = "64MB",
-    workers: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    strict: bool = False,
-    verify: bool = False,
-    progress: bool = False,
-    max_pixels: int = MAX_PIXELS,
-    distributed: bool = False,
-    staging_dir: str | os.PathLike[str] | None = None,
-    split: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Pack ``src`` (ImageFolder tree or .csv/.jsonl list) into ``dst``; returns the summary (also the manifest).
 
@@ -166,6 +150,7 @@ def pack(
             default: its train split, said with a ``PttWarning`` when it has others.
         max_pixels: refuse (list in ``rejects``) an image whose header declares more pixels, before decoding it;
             default ``MAX_PIXELS`` (178.9 MP, Pillow's decompression-bomb limit; about 537 MB decoded as RGB).
+        config: a ``PackConfig``; the options above are its fields, given as it or as keywords (not both).
 
     Not packed, and listed in ``rejects`` with the reason: hidden files and folders, files outside a class folder,
     folders that cannot be listed, symlinks to folders, FIFOs/devices/sockets (never opened), files over 1 GiB,
@@ -183,7 +168,7 @@ def pack(
         >>> ptt.pack(src, tempfile.mkdtemp() + "/out", workers=0)["count"]
         1
     """
-    cfg = config_or_keywords(config, PackConfig, locals())  # the config's values, or the keywords'
+    cfg = config_first(config, PackConfig, options)  # the config, or its fields as keywords
     limit = _check_options(cfg)
     dst = os.fspath(dst)
     if is_url(dst) and not dst.lower().startswith("file://"):
