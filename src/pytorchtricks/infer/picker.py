@@ -122,6 +122,44 @@ def _bf16_missing() -> str | None:
     )
 
 
+class _Sources:
+    """What several candidates write from, each built once, on first use: the PT2E int8 graph (both torch int8
+    engines take it; calibration is slow) and the fp32 ONNX file (ORT fp32, and ORT int8 quantizes it)."""
+
+    def __init__(
+        self, fp32: nn.Module, example: tuple[Any, ...], calibration: Sequence[Any], tmp: str
+    ) -> None:
+        self.fp32, self.example, self.calibration, self.tmp = fp32, example, calibration, tmp
+        self._int8: Any = None
+
+    def int8_program(self) -> Any:
+        from pytorchtricks.tricks.model.quantize import QuantConfig, quantize
+
+        if self._int8 is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                q = quantize(
+                    copy.deepcopy(self.fp32),
+                    self.example,
+                    QuantConfig(
+                        calibration=list(self.calibration), backend="pt2e", engine="eager", check=False
+                    ),
+                )
+            self._int8 = q.inner
+        return self._int8
+
+    def onnx_fp32(self, path: str) -> str:
+        fp32_onnx = os.path.join(self.tmp, "fp32.onnx")
+        if not os.path.isfile(fp32_onnx):
+            artefacts.write_onnx(self.fp32, self.example, fp32_onnx)
+        shutil.copyfile(fp32_onnx, path)
+        return path
+
+    def onnx_int8(self, path: str) -> str:
+        fp32 = self.onnx_fp32(os.path.join(self.tmp, "fp32-for-int8.onnx"))
+        return artefacts.write_onnx_int8(fp32, self.calibration, path)
+
+
 def candidates(
     fp32: nn.Module,
     example: tuple[Any, ...],
@@ -132,114 +170,94 @@ def candidates(
     tmp: str,
 ) -> list[Candidate]:
     """The candidates for ``precision`` and ``engines``: ``fp32`` is the fused, re-parameterized fp32 model."""
-    from pytorchtricks.tricks.model.quantize import QuantConfig, quantize
-
+    src = _Sources(fp32, example, calibration, tmp)
     out: list[Candidate] = []
-    fp32_onnx = os.path.join(tmp, "fp32.onnx")
-    int8_graph: dict[str, Any] = {}
-
-    def int8_program() -> Any:  # one PT2E int8 graph for both torch int8 engines (calibration is slow)
-        if "g" not in int8_graph:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                q = quantize(
-                    copy.deepcopy(fp32),
-                    example,
-                    QuantConfig(calibration=list(calibration), backend="pt2e", engine="eager", check=False),
-                )
-            int8_graph["g"] = q.inner
-        return int8_graph["g"]
-
-    def onnx_fp32(path: str) -> str:
-        if not os.path.isfile(fp32_onnx):
-            artefacts.write_onnx(fp32, example, fp32_onnx)
-        shutil.copyfile(fp32_onnx, path)
-        return path
-
     if precision in ("fp32", "any"):
-        if "eager" in engines:
-            out.append(
-                Candidate(
-                    "eager fp32",
-                    "eager",
-                    "export",
-                    "fp32",
-                    lambda p: artefacts.write_export(fp32, example, p),
-                )
-            )
-            out.append(
-                Candidate(
-                    "eager fp32 channels_last",
-                    "eager",
-                    "export",
-                    "fp32",
-                    lambda p: artefacts.write_export(artefacts.ChannelsLast(copy.deepcopy(fp32)), example, p),
-                )
-            )
-        if "aoti" in engines:
-            out.append(
-                Candidate(
-                    "AOTInductor fp32",
-                    "aoti",
-                    "aoti",
-                    "fp32",
-                    lambda p: artefacts.write_aoti(fp32, example, p),
-                )
-            )
-            out.append(
-                Candidate(
-                    "AOTInductor fp32 channels_last",
-                    "aoti",
-                    "aoti",
-                    "fp32",
-                    lambda p: artefacts.write_aoti(artefacts.ChannelsLast(copy.deepcopy(fp32)), example, p),
-                )
-            )
-        if "ort" in engines:
-            out.append(Candidate("ORT fp32", "ort", "onnx", "fp32", onnx_fp32, _ort_missing))
-    if precision in ("bf16", "any") and "aoti" in engines:
+        out += _fp32_candidates(src, engines)
+    if precision in ("bf16", "any"):
+        out += _bf16_candidates(src, engines)
+    if precision in ("int8", "any"):
+        out += _int8_candidates(src, engines)
+    return out
+
+
+def _fp32_candidates(src: _Sources, engines: Sequence[str]) -> list[Candidate]:
+    """fp32 as exported (eager) and AOTInductor-compiled, each as given and channels_last; ORT fp32."""
+    fp32, example = src.fp32, src.example
+    out: list[Candidate] = []
+    if "eager" in engines:
         out.append(
             Candidate(
-                "AOTInductor bf16",
-                "aoti",
-                "aoti",
-                "bf16",
-                lambda p: artefacts.write_aoti(
-                    artefacts.Cast(copy.deepcopy(fp32), torch.bfloat16), example, p
-                ),
-                _bf16_missing,
+                "eager fp32", "eager", "export", "fp32", lambda p: artefacts.write_export(fp32, example, p)
             )
         )
-    if precision in ("int8", "any"):
-        if "onednn" in engines:
-            out.append(
-                Candidate(
-                    "int8 oneDNN plan",
-                    "onednn",
-                    "onednn",
-                    "int8",
-                    lambda p: artefacts.write_export(int8_program(), example, p),
-                    _onednn_missing,
-                )
+        out.append(
+            Candidate(
+                "eager fp32 channels_last",
+                "eager",
+                "export",
+                "fp32",
+                lambda p: artefacts.write_export(artefacts.ChannelsLast(copy.deepcopy(fp32)), example, p),
             )
-        if "aoti" in engines:
-            out.append(
-                Candidate(
-                    "AOTInductor int8",
-                    "aoti",
-                    "aoti",
-                    "int8",
-                    lambda p: artefacts.write_aoti(int8_program(), example, p),
-                )
+        )
+    if "aoti" in engines:
+        out.append(
+            Candidate(
+                "AOTInductor fp32", "aoti", "aoti", "fp32", lambda p: artefacts.write_aoti(fp32, example, p)
             )
-        if "ort" in engines:
+        )
+        out.append(
+            Candidate(
+                "AOTInductor fp32 channels_last",
+                "aoti",
+                "aoti",
+                "fp32",
+                lambda p: artefacts.write_aoti(artefacts.ChannelsLast(copy.deepcopy(fp32)), example, p),
+            )
+        )
+    if "ort" in engines:
+        out.append(Candidate("ORT fp32", "ort", "onnx", "fp32", src.onnx_fp32, _ort_missing))
+    return out
 
-            def ort_int8(p: str) -> str:
-                return artefacts.write_onnx_int8(
-                    onnx_fp32(os.path.join(tmp, "fp32-for-int8.onnx")), calibration, p
-                )
 
-            out.append(Candidate("ORT int8 static", "ort", "onnx", "int8", ort_int8, _ort_missing))
+def _bf16_candidates(src: _Sources, engines: Sequence[str]) -> list[Candidate]:
+    """bf16 weights, AOTInductor-compiled (refused on a CPU without native bf16)."""
+    if "aoti" not in engines:
+        return []
+
+    def write(p: str) -> str:
+        return artefacts.write_aoti(artefacts.Cast(copy.deepcopy(src.fp32), torch.bfloat16), src.example, p)
+
+    return [Candidate("AOTInductor bf16", "aoti", "aoti", "bf16", write, _bf16_missing)]
+
+
+def _int8_candidates(src: _Sources, engines: Sequence[str]) -> list[Candidate]:
+    """int8: the PT2E program as a oneDNN plan and AOTInductor-compiled; ORT static int8 of the fp32 ONNX."""
+    example = src.example
+    out: list[Candidate] = []
+    if "onednn" in engines:
+        out.append(
+            Candidate(
+                "int8 oneDNN plan",
+                "onednn",
+                "onednn",
+                "int8",
+                lambda p: artefacts.write_export(src.int8_program(), example, p),
+                _onednn_missing,
+            )
+        )
+    if "aoti" in engines:
+        out.append(
+            Candidate(
+                "AOTInductor int8",
+                "aoti",
+                "aoti",
+                "int8",
+                lambda p: artefacts.write_aoti(src.int8_program(), example, p),
+            )
+        )
+    if "ort" in engines:
+        out.append(Candidate("ORT int8 static", "ort", "onnx", "int8", src.onnx_int8, _ort_missing))
     return out
 
 
@@ -333,11 +351,8 @@ def pick_artefact(
     ``workdir``: where the candidates' files are written (default: a new temporary folder); ``reuse_files``: a file
     already there is taken as built (a second call on the same model and example, e.g. at another thread count).
     """
-    from pytorchtricks.clock import compare, environment, now_s
+    from pytorchtricks.clock import environment
     from pytorchtricks.safety import reference_outputs
-    from pytorchtricks.tricks.model.fuse_conv_bn import fuse_conv_bn_
-    from pytorchtricks.tricks.model.reparameterize import reparameterize_
-    from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
 
     if precision not in PRECISIONS:
         raise PttError(f"unknown precision {precision!r}; use {', '.join(PRECISIONS)}.")
@@ -351,82 +366,27 @@ def pick_artefact(
         calib = list(calibration or [example])
         checks = [(b,) for b in (held_out or [example])]
         refs = [reference_outputs(model, b) for b in checks]
-        fp32 = copy.deepcopy(model)
-        with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore"
-            )  # "no effect" of a rewrite is fine here: the candidates say the rest
-            for step in (
-                unshare_modules_,
-                lambda m: fuse_conv_bn_(m, example_t),
-                lambda m: reparameterize_(m, example_t),
-            ):
-                try:
-                    step(fp32)
-                except PttError:
-                    pass  # not traceable: the candidates start from the model as it is
+        fp32 = _rewritten_fp32(model, example_t)
         tmp = workdir or tempfile.mkdtemp(prefix="ptt-optimize-")
         rows: list[Row] = []
         runners: dict[str, Callable[[], Any]] = {}
         for cand in candidates(fp32, example_t, calib, precision=precision, engines=engines, tmp=tmp):
             row = Row(cand.name, cand.engine, cand.kind, cand.precision)
             rows.append(row)
-            missing = cand.needs()
-            if missing:
-                row.status = f"refused: {missing}"
-                say(f"{cand.name}: {row.status}")
-                continue
-            say(f"{cand.name}: building")
-            path = os.path.join(tmp, cand.name.replace(" ", "-") + artefacts.EXTENSIONS[cand.kind])
-            t0 = now_s()
-            try:
-                if not (reuse_files and os.path.isfile(path)):
-                    cand.write(path)
-                fn = artefacts.load(cand.kind, path, input_shapes=[tuple(example.shape)], threads=threads)
-                row.build_s = now_s() - t0
-                row.sqnr_db, row.inputs_unchanged = _check(fn, checks, refs)
-            except Exception as exc:  # a candidate that cannot be built or run is refused with why
-                row.status = (
-                    f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                )
-                say(f"{cand.name}: {row.status}")
-                continue
-            if not row.inputs_unchanged:
-                row.status = "refused: it modified the caller's input"
-                continue
-            row.path = path
-            runners[cand.name] = (lambda f: lambda: f(example))(fn)
+            fn = _build_and_check(cand, row, example, checks, refs, tmp, threads, reuse_files, say)
+            if fn is not None:
+                runners[cand.name] = (lambda f: lambda: f(example))(fn)
         pick(rows, min_sqnr_db)  # marks rows below their bound before timing: they are not timed
         timed = {r.name: runners[r.name] for r in rows if r.status == "ok"}
-        base = copy.deepcopy(model)
         say(f"timing {len(timed)} candidates vs eager fp32, {rounds} interleaved rounds, {threads} threads")
-
-        def eager() -> Any:
-            with torch.no_grad():
-                return base(example)
-
-        cmp = compare(
-            {"eager fp32 (the model as given)": eager, **timed},
-            baseline="eager fp32 (the model as given)",
-            rounds=rounds,
-            min_run_time_s=min_run_time_s,
-            num_threads=threads,
-        )
-        for r in rows:
-            if r.name in cmp.variants:
-                v = cmp[r.name]
-                r.median_ms = v.stats.median_s * 1e3
-                r.speedup, r.speedup_q1, r.speedup_q3 = v.ratio, v.ratio_q1, v.ratio_q3
-        baseline_row = Row("eager fp32 (the model as given)", "eager", "module", "fp32", status="baseline")
-        baseline_row.median_ms = cmp["eager fp32 (the model as given)"].stats.median_s * 1e3
-        baseline_row.speedup, baseline_row.sqnr_db, baseline_row.inputs_unchanged = 1.0, math.inf, True
+        baseline_row, measured_rounds = _time(rows, timed, model, example, rounds, min_run_time_s, threads)
         winner = pick(rows, min_sqnr_db)
         return Picked(
             [baseline_row, *rows],
             winner,
             tuple(example.shape),
             threads,
-            cmp.rounds,
+            measured_rounds,
             min_sqnr_db,
             precision,
             sum(b.shape[0] for (b,) in checks),
@@ -435,6 +395,108 @@ def pick_artefact(
         )
     finally:
         torch.set_num_threads(old_threads)
+
+
+def _rewritten_fp32(model: nn.Module, example: tuple[Any, ...]) -> nn.Module:
+    """A copy of ``model`` with reused modules unshared, Conv->BN folded and re-parameterized: what every
+    candidate starts from (each rewrite that cannot trace the model is skipped)."""
+    from pytorchtricks.tricks.model.fuse_conv_bn import fuse_conv_bn_
+    from pytorchtricks.tricks.model.reparameterize import reparameterize_
+    from pytorchtricks.tricks.model.unshare_modules import unshare_modules_
+
+    fp32 = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no effect" of a rewrite is fine here: the candidates say the rest
+        for step in (
+            unshare_modules_,
+            lambda m: fuse_conv_bn_(m, example),
+            lambda m: reparameterize_(m, example),
+        ):
+            try:
+                step(fp32)
+            except PttError:
+                pass  # not traceable: the candidates start from the model as it is
+    return fp32
+
+
+def _build_and_check(
+    cand: Candidate,
+    row: Row,
+    example: torch.Tensor,
+    checks: Sequence[tuple[Any, ...]],
+    refs: Sequence[Any],
+    tmp: str,
+    threads: int,
+    reuse_files: bool,
+    say: Callable[[str], None],
+) -> Callable[..., Any] | None:
+    """Write ``cand``'s file, load it back and check it against the eager fp32 outputs, filling ``row``; the loaded
+    callable, or ``None`` with ``row.status`` saying why it was refused."""
+    from pytorchtricks.clock import now_s
+
+    missing = cand.needs()
+    if missing:
+        row.status = f"refused: {missing}"
+        say(f"{cand.name}: {row.status}")
+        return None
+    say(f"{cand.name}: building")
+    path = os.path.join(tmp, cand.name.replace(" ", "-") + artefacts.EXTENSIONS[cand.kind])
+    t0 = now_s()
+    try:
+        if not (reuse_files and os.path.isfile(path)):
+            cand.write(path)
+        fn = artefacts.load(cand.kind, path, input_shapes=[tuple(example.shape)], threads=threads)
+        row.build_s = now_s() - t0
+        row.sqnr_db, row.inputs_unchanged = _check(fn, checks, refs)
+    except Exception as exc:  # a candidate that cannot be built or run is refused with why
+        row.status = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        say(f"{cand.name}: {row.status}")
+        return None
+    if not row.inputs_unchanged:
+        row.status = "refused: it modified the caller's input"
+        return None
+    row.path = path
+    return fn  # type: ignore[no-any-return]
+
+
+_BASELINE = "eager fp32 (the model as given)"
+
+
+def _time(
+    rows: Sequence[Row],
+    timed: dict[str, Callable[[], Any]],
+    model: nn.Module,
+    example: torch.Tensor,
+    rounds: int,
+    min_run_time_s: float,
+    threads: int,
+) -> tuple[Row, int]:
+    """Time the ``timed`` runners interleaved with eager fp32 (``clock.compare``) and write each row's median and
+    speedup; returns the baseline's own row and the rounds measured."""
+    from pytorchtricks.clock import compare
+
+    base = copy.deepcopy(model)
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return base(example)
+
+    cmp = compare(
+        {_BASELINE: eager, **timed},
+        baseline=_BASELINE,
+        rounds=rounds,
+        min_run_time_s=min_run_time_s,
+        num_threads=threads,
+    )
+    for r in rows:
+        if r.name in cmp.variants:
+            v = cmp[r.name]
+            r.median_ms = v.stats.median_s * 1e3
+            r.speedup, r.speedup_q1, r.speedup_q3 = v.ratio, v.ratio_q1, v.ratio_q3
+    baseline_row = Row(_BASELINE, "eager", "module", "fp32", status="baseline")
+    baseline_row.median_ms = cmp[_BASELINE].stats.median_s * 1e3
+    baseline_row.speedup, baseline_row.sqnr_db, baseline_row.inputs_unchanged = 1.0, math.inf, True
+    return baseline_row, cmp.rounds
 
 
 def write_winner(picked: Picked, out: str, *, model_spec: str) -> tuple[str, str]:
