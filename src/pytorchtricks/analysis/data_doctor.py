@@ -213,6 +213,11 @@ class DataDoctorConfig:
     the training step itself, a callable (its time is then measured). ``cache_dir``: the node cache for a pack's
     URL. ``split``: a detection root's split (default its train split). ``recipe``: a detection ``DetectionRecipe``
     or its name.
+
+    Example:
+        >>> cfg = ptt.DataDoctorConfig(batch_size=4, crop=32, batches=2, num_workers=0)
+        >>> ptt.doctor_data([(torch.zeros(3, 40, 40, dtype=torch.uint8), 0)] * 20, cfg).batch_size
+        4
     """
 
     batch_size: int | None = None

@@ -448,6 +448,11 @@ class BatchSizeConfig:
     (default: its mean). ``max_batch``: the largest candidate (default candidates: multiples of 8 up to it).
     ``candidates``: the batch sizes to try instead (snapped down to multiples of 8). ``min_run_time_s``: timing per
     candidate. ``device``: where the steps run.
+
+    Example:
+        >>> cfg = ptt.BatchSizeConfig(budget_bytes=2**22, candidates=(8, 16), min_run_time_s=0.01)
+        >>> ptt.find_batch_size(nn.Linear(8, 2), lambda n: torch.randn(n, 8), None, cfg).batch_size in (8, 16)
+        True
     """
 
     budget_bytes: int

@@ -151,6 +151,12 @@ class DeviceDatasetConfig:
     drawn on the device from ``seed``'s generator. ``drop_last``: full batches only. ``augment``: ``device_augment``
     options (e.g. ``{"flip": True, "translate": 2}``). ``reserve``: the share of the device's free memory the set
     must leave free (else ``PttError``).
+
+    Example:
+        >>> cfg = ptt.DeviceDatasetConfig(device="cpu", shuffle=False, drop_last=True)
+        >>> dd = ptt.dataset_on_device(torch.zeros(6, 3, 4, 4, dtype=torch.uint8), torch.arange(6), 4, cfg)
+        >>> len(dd), [y.tolist() for _, y in dd]
+        (1, [[0, 1, 2, 3]])
     """
 
     device: str | torch.device | None = None
