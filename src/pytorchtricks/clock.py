@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.core import config_first
+from pytorchtricks.core import config_first, options_of
 from pytorchtricks.hardware import ISA_LIMIT_ENV, cpu_caps
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,6 +264,7 @@ class CompareConfig:
 SETTLE_REL = 0.10  # two calls in a row within 10% of each other: the variant has reached its steady state
 
 
+@options_of(CompareConfig)
 def compare(
     variants: Mapping[str, Callable[[], Any]],
     config: CompareConfig | None = None,

@@ -286,3 +286,47 @@ def config_first(config: C | None, cls: type[C], options: Mapping[str, Any]) -> 
     if missing:
         raise PttError(f"missing {', '.join(missing)}: pass them as keywords, or pass a {cls.__name__}.")
     return cls(**options)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def options_of(cls: type) -> Callable[[F], F]:
+    """Show a verb's options, ``cls``'s fields, in its signature in place of its ``**options``: what ``help()``,
+    ``inspect.signature`` and an editor's completion read, generated from the config (never written twice). The
+    verb itself is unchanged; ``config_first`` checks the keywords it gets.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class RunConfig:
+        ...     rounds: int = 5
+        >>> @options_of(RunConfig)
+        ... def run(fn, config=None, **options): return config_first(config, RunConfig, options)
+        >>> import inspect; str(inspect.signature(run)), run(print, rounds=2)
+        ("(fn, config=None, *, rounds: 'int' = 5)", RunConfig(rounds=2))
+    """
+    import inspect
+
+    def mark(fn: F) -> F:
+        sig = inspect.signature(fn)
+        named = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        taken = {p.name for p in named}
+        fields = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=_shown_default(f), annotation=f.type
+            )
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # a dataclass by contract
+            if f.init and f.name not in taken
+        ]
+        fn.__signature__ = sig.replace(parameters=[*named, *fields])  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def _shown_default(f: dataclasses.Field[Any]) -> Any:
+    import inspect
+
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default

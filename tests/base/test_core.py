@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -46,3 +47,45 @@ def test_config_first_says_what_is_missing() -> None:
     with pytest.raises(PttError, match="missing root: pass them as keywords, or pass a _Needs"):
         config_first(None, _Needs, {"seed": 1})
     assert config_first(None, _Needs, {"root": "x"}) == _Needs("x")
+
+
+def test_options_of_shows_the_config_fields_in_the_signature() -> None:
+    from pytorchtricks.core import options_of
+
+    @options_of(_Needs)
+    def verb(x: int, config: _Needs | None = None, **options: object) -> _Needs:
+        return config_first(config, _Needs, options)
+
+    params = inspect.signature(verb).parameters
+    assert list(params) == ["x", "config", "root", "seed"]
+    assert params["root"].default is inspect.Parameter.empty and params["seed"].default == 0
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("root", "seed"))
+    assert verb(1, root="r") == _Needs("r")  # the call is unchanged
+
+
+def test_every_verb_on_config_first_takes_options_and_shows_them() -> None:
+    """One convention: a function that calls ``config_first(config, X, options)`` takes ``**options`` and is marked
+    ``@options_of(X)``, so its keywords are X's fields, checked and shown from the one declaration."""
+    import ast
+    from pathlib import Path
+
+    import pytorchtricks
+
+    wrong, seen = [], 0
+    for path in sorted(Path(pytorchtricks.__file__).parent.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(fn, ast.FunctionDef) or fn.name == "config_first":
+                continue
+            calls = [
+                c
+                for c in ast.walk(fn)
+                if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "config_first"
+            ]
+            if not calls:
+                continue
+            seen += 1
+            cls = ast.unparse(calls[0].args[1])
+            marks = [ast.unparse(d) for d in fn.decorator_list]
+            if f"options_of({cls})" not in marks or fn.args.kwarg is None or fn.args.kwarg.arg != "options":
+                wrong.append(f"{path.name}:{fn.lineno} {fn.name} ({cls})")
+    assert seen >= 14 and not wrong, wrong

@@ -24,7 +24,7 @@ import torch
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import CpuMeter, CpuUse, Stopwatch, drain, now_s
-from pytorchtricks.core import Option, PttError, PttWarning, Spelt, config_first, resolve_device
+from pytorchtricks.core import Option, PttError, PttWarning, Spelt, config_first, options_of, resolve_device
 from pytorchtricks.data.batches import default_workers
 
 __all__ = ["doctor_data", "DataDoctorConfig", "DataReport", "open_image_dataset"]
@@ -232,6 +232,7 @@ class DataDoctorConfig:
     recipe: Any = "shortest_side"
 
 
+@options_of(DataDoctorConfig)
 def doctor_data(data: Any, config: DataDoctorConfig | None = None, **options: Any) -> DataReport:
     """Measure where the input pipeline spends its time on ``data`` (a dataset or a path) and say what to fix.
 

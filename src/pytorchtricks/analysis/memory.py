@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pytorchtricks.analysis._probe import ModuleTracker, as_args, check_module, display
-from pytorchtricks.core import PttError, config_first
+from pytorchtricks.core import PttError, config_first, options_of
 
 __all__ = [
     "BatchSizeConfig",
@@ -463,6 +463,7 @@ class BatchSizeConfig:
     device: str | torch.device = "cpu"
 
 
+@options_of(BatchSizeConfig)
 def find_batch_size(
     model: nn.Module,
     make_batch: Callable[[int], Any],

@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from pytorchtricks.analysis import verdict as judge
 from pytorchtricks.clock import now_s, sync
-from pytorchtricks.core import PttError, config_first
+from pytorchtricks.core import PttError, config_first, options_of
 from pytorchtricks.hardware import cpu_caps
 from pytorchtricks.quiet import filtered_stderr
 
@@ -382,6 +382,7 @@ class ProfileConfig:
     device: str | torch.device | None = None
 
 
+@options_of(ProfileConfig)
 def profile(
     step_fn: Callable[..., Any],
     steps: int = 10,

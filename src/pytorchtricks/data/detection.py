@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import Option, PttError, Spelt, config_first
+from pytorchtricks.core import Option, PttError, Spelt, config_first, options_of
 from pytorchtricks.data.annotations import AnnotationError, header_bytes, read_coco, read_voc, read_yolo
 from pytorchtricks.data.decode import image_size
 
@@ -105,6 +105,7 @@ class DetectionDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         None  # the split of the root it was opened from (``open_detection``; None: it has one)
     )
 
+    @options_of(DetectionTables)
     def __init__(self, tables: DetectionTables | None = None, **options: Any) -> None:
         t = config_first(tables, DetectionTables, options)  # the tables, or all of them as keywords
         self.root, self.format = t.root, t.format

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pytorchtricks.core import PttError, config_first
+from pytorchtricks.core import PttError, config_first, options_of
 from pytorchtricks.data.detection_set_render import (
     ALPHA_HI,
     ALPHA_LO,
@@ -71,6 +71,7 @@ def _source_name(cls: str, path: str) -> str:
     )
 
 
+@options_of(DetectionSetConfig)
 def build_detection_set(
     dst: str | os.PathLike[str],
     config: DetectionSetConfig | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import PttError, config_first
+from pytorchtricks.core import PttError, config_first, options_of
 from pytorchtricks.data.errors import DecodeError, ShardError
 from pytorchtricks.shards import layout, ptt_format
 from pytorchtricks.shards.cache import Prefetcher, RemotePack, open_pack
@@ -181,6 +181,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         (3, [0, 0, 0])
     """
 
+    @options_of(StreamConfig)
     def __init__(
         self, path: str | os.PathLike[str] | list[str], config: StreamConfig | None = None, **options: Any
     ) -> None:

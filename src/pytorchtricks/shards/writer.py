@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pytorchtricks.core import NoEffectWarning, PttError, config_first
+from pytorchtricks.core import NoEffectWarning, PttError, config_first, options_of
 from pytorchtricks.data.sources import MAX_PIXELS, Source, list_source, process_item
 from pytorchtricks.shards import layout
 from pytorchtricks.shards._pool import WorkerDied, ordered_map
@@ -119,6 +119,7 @@ class PackConfig:
     split: str | None = None
 
 
+@options_of(PackConfig)
 def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorchtricks.clock import Deadline, now_s
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, config_first
+from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, TrickInfo, config_first, options_of
 from pytorchtricks.tricks._cases import first_batch_case
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, unless_input_bound
 
@@ -193,6 +193,7 @@ def _cache_config(config: AutotuneConfig | None, cache_kwargs: dict[str, Any]) -
     return CacheConfig(**cache_kwargs)
 
 
+@options_of(AutotuneConfig)
 def autotune_loader(
     dataset: Any, batch_size: int, config: AutotuneConfig | None = None, **options: Any
 ) -> AutotuneResult:

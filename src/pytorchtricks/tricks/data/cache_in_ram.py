@@ -34,7 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, NoEffectWarning, PttError, PttWarning, TrickInfo, config_first
+from pytorchtricks.core import (
+    BenchCase,
+    NoEffectWarning,
+    PttError,
+    PttWarning,
+    TrickInfo,
+    config_first,
+    options_of,
+)
 from pytorchtricks.data.batches import default_workers
 from pytorchtricks.data.decode import decode_image, image_size, resize_array, short_side_hw
 from pytorchtricks.data.folder import JpegFolder
@@ -528,6 +536,7 @@ class CacheConfig:
     verify: Verify = "auto"
 
 
+@options_of(CacheConfig)
 def cache_in_ram(
     dataset: Any,
     size: int | None = 256,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first, resolve_device
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first, options_of, resolve_device
 from pytorchtricks.tricks.data.device_augment import device_augment
 from pytorchtricks.tunable import TuneFacts, TuneHook, TuneSetup, TuneSkip, stored_side, unless_input_bound
 
@@ -167,6 +167,7 @@ class DeviceDatasetConfig:
     reserve: float = 0.25
 
 
+@options_of(DeviceDatasetConfig)
 def dataset_on_device(
     images: torch.Tensor,
     labels: torch.Tensor,

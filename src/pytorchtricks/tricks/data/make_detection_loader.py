@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first, options_of
 from pytorchtricks.data.batches import BatchSlots
 from pytorchtricks.data.detection_loader import DetectionBatch, DetectionBatcher, aspect_groups
 from pytorchtricks.data.recipes import DetectionRecipe
@@ -78,6 +78,7 @@ class _DetectionBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.batcher(self.dataset, key[0], key[1], self.slots)
 
 
+@options_of(DetectionLoaderConfig)
 def make_detection_loader(
     dataset: Any,
     batch_size: int,

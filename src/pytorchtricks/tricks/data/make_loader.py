@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_first
+from pytorchtricks.core import BenchCase, PttError, PttWarning, TrickInfo, config_first, options_of
 from pytorchtricks.data.batches import BatchDataset, StreamBatches, rank_world
 from pytorchtricks.data.decode import resize_array
 from pytorchtricks.data.images import SampleMaker, rrc_box, sample_rng
@@ -169,6 +169,7 @@ class LoaderConfig:
     cache_limit: int | str | None = None
 
 
+@options_of(LoaderConfig)
 def make_loader(dataset: Any, batch_size: int, config: LoaderConfig | None = None, **options: Any) -> Loader:
     """A ``Loader`` of batches of ``(uint8 images [N,3,H,W], int64 labels [N])``, cropped through a DCT-scaled decode.
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first
+from pytorchtricks.core import BenchCase, PttError, TrickInfo, config_first, options_of
 
 __all__ = ["DistillConfig", "distillation_loss", "distill_"]
 
@@ -84,6 +84,7 @@ class DistillConfig:
     after_backward: Callable[[nn.Module], None] | None = None
 
 
+@options_of(DistillConfig)
 def distill_(
     student: nn.Module,
     teacher: nn.Module,
