@@ -33,7 +33,7 @@ import torch
 
 from pytorchtricks.analysis.verdict import machine_busy
 from pytorchtricks.clock import Comparison, CpuMeter, CpuUse, Deadline, environment
-from pytorchtricks.core import PttError, config_first
+from pytorchtricks.core import PttError, config_first, options_of
 from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.tunable import TuneSkip
@@ -862,6 +862,7 @@ class TuneConfig:
     accuracy_seeds: int = 3  # ... for this many seeds of the baseline and of the recommendation each
 
 
+@options_of(TuneConfig)
 def tune_model(
     model: str | torch.nn.Module | TuneConfig | None = None,
     data: str | None = None,
