@@ -478,7 +478,7 @@ def markdown(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=list(PIPELINES))
     ap.add_argument("--evals", type=int, default=5, help="checkpoints per run")
@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torchvision
 
-    from pytorchtricks.clock import environment, write_results
+    from pytorchtricks.clock import environment
     from pytorchtricks.data.detection_set import build_detection_set
 
     start = _now()
@@ -551,14 +551,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  final mAP {r['final_map']:.3f} mAP50 {r['final_map50']:.3f}, {r['train_s']:.0f} s "
                       f"(input wait {r['data_wait_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
             rows.append(r)
+            md = _publish(rows, env, args, _now() - start, f"{len(rows)} of {n} runs")  # the page so far
+    print(md)
+    return 0
+
+
+def _publish(rows: list[dict[str, Any]], env: dict[str, Any], args: Any, wall_s: float, done: str) -> str:
+    """Write the page, the JSONL and the plot for the runs so far (rewritten after each run)."""
+    from pytorchtricks.clock import write_results
+
     summ = summarise(rows)
     os.makedirs(args.out, exist_ok=True)
     plot(rows, os.path.join(args.out, "convergence.svg"), summ["target_map"])
-    md = markdown(rows, summ, env, args, _now() - start)
+    md = markdown(rows, summ, env, args, wall_s).replace("; whole benchmark", f"; {done}, whole benchmark", 1)
     write_results(os.path.join(args.out, "convergence"), [{**x, "env": env} for x in rows] +
                   [{"summary": summ, "env": env}], md)  # fmt: skip
-    print(md)
-    return 0
+    return md
 
 
 if __name__ == "__main__":
