@@ -245,7 +245,8 @@ def epoch_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     if (
         spec["system"] != "stock"
     ):  # the same workers as the stock trainer (it sets 0 on CPU; so does the rule here)
-        us.integration().accelerate(model, workers=0)
+        match = "speed" if spec["system"] == "ptt-files-speed" else "stock"
+        us.integration().accelerate(model, workers=0, match=match)
     if spec["system"] == "ptt-pack":
         data = spec["pack"].rstrip("/") + ".yaml"  # train: and val: the pack (written by --prepare)
     try:

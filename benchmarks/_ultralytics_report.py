@@ -283,6 +283,10 @@ def write_report(out: str, args: dict[str, Any]) -> str:
         errs = _errors(rows[part])
         if errs:
             lines += ["Not measured:", "", *errs, ""]
+    notes = os.path.join(out, "notes.md")  # what limits a number, written by hand after reading the run
+    if os.path.exists(notes):
+        with open(notes) as f:
+            lines += ["## Reading the numbers", "", f.read().strip(), ""]
     page = "\n".join(lines)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "README.md"), "w") as f:

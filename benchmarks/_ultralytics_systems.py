@@ -2,6 +2,7 @@
 
 - ``stock``: Ultralytics 8.4.190 as installed, reading the original photos (``cv2.imread`` + resize to imgsz).
 - ``ptt-files``: the same after ``ptt.ultralytics.accelerate``, reading the original photos (DCT-scaled decode).
+- ``ptt-files-speed``: the same with ``match="speed"`` (the largest DCT scale; lower PSNR against stock).
 - ``ptt-pack``: the same after ``ptt.ultralytics.accelerate``, reading a ``ptt pack`` written for imgsz.
 
 Everything here runs inside the benchmark's own venv (``make ultralytics-env``): Ultralytics is imported only in
@@ -16,6 +17,7 @@ from typing import Any
 SYSTEMS = {
     "stock": "Ultralytics 8.4.190 as installed: cv2.imread of the original photo, resize to imgsz",
     "ptt-files": "ptt.ultralytics.accelerate: the original photos through ptt's DCT-scaled JPEG decode",
+    "ptt-files-speed": "the same with match='speed': the largest DCT scale, planes resampled straight to imgsz",
     "ptt-pack": "ptt.ultralytics.accelerate: a ptt pack written for imgsz (no full-size decode, no label scan)",
 }
 
@@ -28,23 +30,6 @@ def quiet() -> None:
     os.environ.setdefault(
         "PTT_CACHE_DIR", "/tmp/ptt-ultra/ptt-cache"
     )  # the integration's memos: ours to clear
-
-
-def cfg(imgsz: int, cache: str | None, **over: Any) -> Any:
-    """Ultralytics' default training configuration at ``imgsz`` (mosaic on, its own augmentations)."""
-    quiet()
-    from ultralytics.cfg import get_cfg
-    from ultralytics.utils import DEFAULT_CFG
-
-    return get_cfg(DEFAULT_CFG, {"imgsz": imgsz, "cache": cache or False, "plots": False, **over})
-
-
-def data_dict(yaml_path: str) -> dict[str, Any]:
-    """The set's data dictionary as Ultralytics' trainer reads it (names, nc, channels)."""
-    quiet()
-    from ultralytics.data.utils import check_det_dataset
-
-    return dict(check_det_dataset(yaml_path))
 
 
 def integration() -> Any:
@@ -66,30 +51,32 @@ def dataset(
     pack: str | None,
     augment: bool = True,
 ) -> Any:
-    """The system's training dataset over the set of ``yaml_path`` through Ultralytics' own ``build_yolo_dataset``
-    (for the ptt systems: with its ``YOLODataset`` swapped for the integration's subclass of it, as
-    ``accelerate``'s trainer callback does; ``ptt-pack`` reads ``pack`` in place of the image folder)."""
+    """The system's training dataset over the set of ``yaml_path``, built as Ultralytics' detection trainer builds
+    it (``DetectionTrainer.build_dataset``); for the ptt systems after ``ptt.ultralytics.install(trainer)`` (what
+    ``accelerate``'s callback runs), ``ptt-pack`` reading ``pack`` in place of the image folder."""
     quiet()
-    import ultralytics.data.build as build
+    from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.nn.tasks import DetectionModel
 
-    data = data_dict(yaml_path)
-    c = cfg(imgsz, cache)
-    mode = "train" if augment else "val"
-    if system == "stock":
-        return build.build_yolo_dataset(c, data["train"], batch, data, mode=mode)
-    integration()
-    from pytorchtricks.integrations.ultralytics_data import dataset_class
-
-    if system == "ptt-pack" and not (pack and os.path.exists(os.path.join(pack, "manifest.json"))):
-        raise RuntimeError(f"ptt-pack needs the pack {pack}: run the benchmark with --prepare")
-    stock = build.YOLODataset
-    build.YOLODataset = dataset_class(stock)
-    try:
-        return build.build_yolo_dataset(
-            c, pack if system == "ptt-pack" else data["train"], batch, data, mode=mode
-        )
-    finally:
-        build.YOLODataset = stock
+    over = {
+        "model": "yolov8n.yaml",
+        "data": yaml_path,
+        "imgsz": imgsz,
+        "cache": cache or False,
+        "batch": batch,
+    }
+    over.update(plots=False, device="cpu", project="/tmp/ptt-ultra/runs", name="datasets", exist_ok=True)
+    trainer = DetectionTrainer(overrides=over)
+    trainer.model = DetectionModel("yolov8n.yaml", nc=len(trainer.data["names"]), verbose=False)  # its stride
+    img_path = trainer.data["train"]
+    if system != "stock":
+        ptt_ultra = integration()
+        ptt_ultra.install(trainer, match="speed" if system == "ptt-files-speed" else "stock")
+    if system == "ptt-pack":
+        if not (pack and os.path.exists(os.path.join(pack, "manifest.json"))):
+            raise RuntimeError(f"ptt-pack needs the pack {pack}: run the benchmark with --prepare")
+        img_path = pack
+    return trainer.build_dataset(img_path, mode="train" if augment else "val", batch=batch)
 
 
 def loader(ds: Any, batch: int, workers: int) -> Any:

@@ -37,7 +37,10 @@ from _child import emit, run_child
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.abspath(__file__)
 PARTS = ("load", "pipeline", "first-batch", "epoch", "ram")
-SYSTEMS = ("stock", "ptt-files", "ptt-pack")
+SYSTEMS = ("stock", "ptt-files", "ptt-files-speed", "ptt-pack")
+DEFAULT_SYSTEMS = {
+    "load": SYSTEMS
+}  # match='speed' only where it changes the number asked for: the load stage
 BATCH, WORKERS = 16, 2
 
 
@@ -101,7 +104,8 @@ def cases(plan: Plan, part: str) -> list[tuple[str, dict[str, Any]]]:
     a = plan.args
     base = {"batch": BATCH, "workers": WORKERS}
     out: list[tuple[str, dict[str, Any]]] = []
-    for system in a.systems:
+    systems = a.systems or DEFAULT_SYSTEMS.get(part, ("stock", "ptt-files", "ptt-pack"))
+    for system in systems:
         if part == "load":
             for s in a.imgsz:
                 spec = {"system": system, "yaml": plan.yaml(plan.photos1), "imgsz": s, "n": 10_000}
@@ -145,12 +149,29 @@ def cases(plan: Plan, part: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _integration_digest() -> str | None:
+    import hashlib
+
+    h = hashlib.sha256()
+    folder = os.path.join(ROOT, "src", "pytorchtricks", "integrations")
+    if not os.path.isdir(folder):
+        return None
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
+
+
 def run_part(plan: Plan, part: str) -> list[dict[str, Any]]:
     """Every case of ``part``, ``rounds`` times in rotating order; each row printed as it comes."""
     from pytorchtricks.clock import environment
 
     env = environment()
     env["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
+    env["integration_sha256"] = (
+        _integration_digest()
+    )  # the working tree's integration may be ahead of git_sha
     todo = cases(plan, part)
     rounds = 1 if part in ("first-batch", "ram") else plan.args.rounds
     if part in ("epoch", "pipeline"):
@@ -192,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=PARTS, help="run one part (under the lock) and write its JSONL")
     ap.add_argument("--report", action="store_true", help="write README.md from every part's JSONL")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument(
+        "--systems", nargs="+", choices=SYSTEMS, help="default: all for load, else all but -speed"
+    )
     ap.add_argument("--imgsz", type=int, nargs="+", default=[640, 1280])
     ap.add_argument("--epoch-imgsz", type=int, nargs="+", default=[640, 320])
     ap.add_argument("--device-step-ms", type=float, default=60.0)
