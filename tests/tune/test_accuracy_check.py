@@ -36,6 +36,7 @@ from pytorchtricks.tune.accuracy import (
 )
 from pytorchtricks.tune.console import summary_lines
 from pytorchtricks.tune.engine import TuneConfig, tune_model
+from pytorchtricks.tune.measuring import Progress
 from pytorchtricks.tune.workload import build_workload
 
 STEPS = (
@@ -255,3 +256,20 @@ def test_inference_has_no_loss_to_compare(models_file):
     w = build_workload(f"{models_file}:tiny", "synthetic", batch_size=4, input_size=16, for_="infer")
     chk = run_check(w, ("to_channels_last",), 4, 3)
     assert chk.answer == NOT_COMPARED and "inference" in chk.reason
+
+
+class _StopInCheck(Progress):
+    def phase(self, name, total):
+        if name.startswith("learns the same?"):
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_the_check_is_said_in_the_receipt(tmp_path, models_file, monkeypatch):
+    _recommend(monkeypatch, ["to_channels_last"])
+    out = str(tmp_path / "out")
+    res = tune_model(_config(models_file, "synthetic", out), progress=_StopInCheck())
+    assert res.interrupted and res.recommended == ("to_channels_last",)
+    assert (
+        res.accuracy is not None and res.accuracy.answer == NOT_COMPARED and "Ctrl-C" in res.accuracy.reason
+    )
+    assert next(r for r in _rows(out) if r["kind"] == "tune-accuracy")["answer"] == NOT_COMPARED

@@ -37,8 +37,8 @@ from pytorchtricks.core import PttError, config_first, options_of
 from pytorchtricks.quiet import import_cpp_extension_quietly
 from pytorchtricks.shards.remote import is_url, scrub_url
 from pytorchtricks.tunable import TuneSkip
+from pytorchtricks.tune.accuracy import NOT_COMPARED, AccuracyCheck, check_options, headline, run_check
 from pytorchtricks.tune.accuracy import PHASE as ACCURACY_PHASE
-from pytorchtricks.tune.accuracy import check_options, headline, run_check
 from pytorchtricks.tune.candidates import check, why_not
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
@@ -630,8 +630,13 @@ def _accuracy_check(w: Workload, res: TuneResult, steps: int, seeds: int, prog: 
     what to try."""
     if res.interrupted:
         return
-    with _metered(res, ACCURACY_PHASE):
-        res.accuracy = run_check(w, res.recommended, steps, seeds, prog)
+    try:
+        with _metered(res, ACCURACY_PHASE):
+            res.accuracy = run_check(w, res.recommended, steps, seeds, prog)
+    except KeyboardInterrupt:  # the receipt says the check did not finish (run_tune records the interrupt)
+        why = "interrupted (Ctrl-C) before the check finished"
+        res.accuracy = AccuracyCheck(NOT_COMPARED, why, steps, seeds, list(res.recommended))
+        raise
     prog.log(headline(res.accuracy))
 
 
