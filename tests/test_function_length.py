@@ -12,10 +12,7 @@ NOTE = "Long on purpose"
 
 # being split (issue 49); remove when done
 BEING_SPLIT = {
-    ("tune/diagnose.py", "diagnose"),
     ("tune/engine.py", "_phase_candidates"),
-    ("tune/receipt.py", "apply_snippet"),
-    ("integrations/ultralytics_data.py", "_make"),  # the Ultralytics integration, in progress
 }
 
 

@@ -274,3 +274,12 @@ def test_ranks_other_than_0_read_through_ptt(yolo_root: Path, monkeypatch: pytes
     model = ptt_yolo.accelerate(YOLO("yolov8n.yaml"))
     assert sum(isinstance(h, ptt_yolo._Accelerate) for h in model.callbacks["on_pretrain_routine_start"]) == 1
     assert type(_build(yolo_root, 320, ours=False)).__name__ == "PttYOLODataset"
+
+
+def test_an_accelerated_dataset_pickles_for_spawned_workers(yolo_root: Path) -> None:
+    import pickle
+
+    ours = _build(yolo_root, 160, ours=True)
+    back = pickle.loads(pickle.dumps(ours))
+    assert type(back) is type(ours) and back.im_files == ours.im_files
+    np.testing.assert_array_equal(back.load_image(0)[0], ours.load_image(0)[0])

@@ -37,6 +37,9 @@ __all__ = [
 ]
 
 _CLASSES: dict[Any, Any] = {}
+_Base: Any = (
+    object  # PttReads' base: a mixin whose ``super()`` is Ultralytics' class (typed Any for the checker)
+)
 _LOCK = threading.Lock()
 
 
@@ -275,149 +278,148 @@ def dataset_class(base: Any, *, log: Any = None) -> Any:
     return made
 
 
-def _make(base: Any, log: Any) -> Any:  # one class, its overrides side by side
-    say = log.info if log is not None else (lambda msg: None)
+class PttReads(_Base):  # type: ignore[misc]
+    """What an accelerated dataset overrides, put in front of Ultralytics' dataset class by ``dataset_class``
+    (``super()`` is then theirs): its reads through pytorchtricks (``ptt.ultralytics.accelerate``)."""
 
-    class PttDataset(base):  # type: ignore[misc]
-        """Ultralytics' dataset reading through pytorchtricks (``ptt.ultralytics.accelerate``)."""
+    ims: Any  # Ultralytics' own attributes, set by its __init__ (annotated here for the type checker only)
+    im_hw0: Any
+    im_hw: Any
+    cache: Any
+    _ptt_pack: PackLabels | None = None
+    _ptt_match: str = (
+        "stock"  # set on the class while a trainer builds with it (ultralytics._dataset_class_swapped)
+    )
+    _ptt_log: Any = None  # Ultralytics' LOGGER, where the dataset says what it reads
+    _ptt_base: Any = None  # the class this one was made from (pickling)
 
-        ims: (
-            Any  # Ultralytics' own attributes, set by its __init__ (annotated here for the type checker only)
-        )
-        im_hw0: Any
-        im_hw: Any
-        cache: Any
-        _ptt_pack: PackLabels | None = None
-        _ptt_match: str = (
-            "stock"  # set on the class while a trainer builds with it (ultralytics._dataset_class_swapped)
-        )
+    def _ptt_say(self, msg: str) -> None:
+        if self._ptt_log is not None:
+            self._ptt_log.info(msg)
 
-        def get_img_files(self, img_path: Any) -> list[str]:
-            self._ptt_match = type(self)._ptt_match  # the instance keeps what it was built with
-            if is_detection_pack(img_path):
-                self._ptt_pack = PackLabels(img_path)
-                self._ptt_check_pack()
-                files = [lb["im_file"] for lb in self._ptt_pack.labels]
-                say(
-                    f"{self.prefix}ptt: reading the pack {self._ptt_pack.path} ({len(files)} images, labels in it)"
-                )
-                return files
-            return list(super().get_img_files(img_path))
-
-        def _ptt_check_pack(self) -> None:
-            pack = self._ptt_pack
-            assert pack is not None
-            size = max(self.imgsz) if isinstance(self.imgsz, tuple | list) else int(self.imgsz)
-            if pack.max_side is not None and int(pack.max_side) < size:
-                raise PttError(
-                    f"the pack {pack.path} stores images with the long side at most {pack.max_side} px, but the "
-                    f"trainer's imgsz is {size}: repack with `ptt pack ROOT OUT --max-side {size}` (or train at "
-                    f"imgsz={pack.max_side})."
-                )
-            if self.fraction != 1.0:
-                raise PttError(
-                    "fraction= is not read from a pack: pack the images you train on, or drop fraction."
-                )
-
-        def get_labels(self) -> list[dict[str, Any]]:
-            if self._ptt_pack is not None:
-                return [
-                    dict(lb, cls=lb["cls"].copy(), bboxes=lb["bboxes"].copy()) for lb in self._ptt_pack.labels
-                ]
-            return list(super().get_labels())
-
-        def _ptt_label_cache(self, path: Path) -> Path:
-            key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-            return Path(cache_root("ultralytics", "labels")) / f"{key}-{Path(path).name}"
-
-        def _load_or_scan_cache(self, cache_path: Path, cache_hash: str) -> Any:
-            ours = self._ptt_label_cache(
-                cache_path
-            )  # theirs beside the labels is read when it is there, never written
-            use = ours if ours.exists() or not Path(cache_path).exists() else Path(cache_path)
-            return super()._load_or_scan_cache(use, cache_hash)
-
-        def cache_labels(self, path: Path = Path("./labels.cache")) -> dict[str, Any]:
-            ours = (
-                self._ptt_label_cache(path)
-                if Path(path).parent != self._ptt_label_cache(path).parent
-                else path
+    def get_img_files(self, img_path: Any) -> list[str]:
+        self._ptt_match = type(self)._ptt_match  # the instance keeps what it was built with
+        if is_detection_pack(img_path):
+            self._ptt_pack = PackLabels(img_path)
+            self._ptt_check_pack()
+            files = [lb["im_file"] for lb in self._ptt_pack.labels]
+            self._ptt_say(
+                f"{self.prefix}ptt: reading the pack {self._ptt_pack.path} ({len(files)} images, labels in it)"
             )
-            ours.parent.mkdir(parents=True, exist_ok=True)
-            return dict(super().cache_labels(ours))
+            return files
+        return list(super().get_img_files(img_path))
 
-        def _ptt_raw(self, i: int) -> bytes:
-            if self._ptt_pack is not None:
-                return self._ptt_pack.read(i)
-            with open(self.im_files[i], "rb") as fh:
-                return fh.read()
-
-        def load_image(self, i: int, rect_mode: bool = True, resize_short: bool = False) -> Any:
-            if self.ims[i] is not None or self.channels != 3:
-                return super().load_image(i, rect_mode, resize_short)
-            raw = self._ptt_raw(i)
-            if self._ptt_pack is None and (not is_jpeg(raw) or exif_rotated(raw)):
-                return super().load_image(i, rect_mode, resize_short)  # the stock decode: upright, any format
-            h0, w0 = image_size(raw)
-            im = decode_to(raw, yolo_hw(h0, w0, self.imgsz, rect_mode, resize_short), self._ptt_match)
-            if (
-                self.augment and self.cache != "ram"
-            ):  # the mosaic's buffer of recent images, as theirs keeps it
-                self.ims[i], self.im_hw0[i], self.im_hw[i] = im, (h0, w0), im.shape[:2]
-                self.buffer.append(i)
-                if 1 < len(self.buffer) >= self.max_buffer_length:
-                    j = self.buffer.pop(0)
-                    self.ims[j], self.im_hw0[j], self.im_hw[j] = None, None, None
-            return im, (h0, w0), im.shape[:2]
-
-        def check_cache_ram(self, safety_margin: float = 1.0) -> bool:
-            return True  # cache_in_ram's own admission check (RAM and /dev/shm) decides, in cache_images
-
-        def cache_images(self) -> None:
-            if self.cache != "ram" or self.channels != 3:
-                super().cache_images()
-                return
-            from pytorchtricks.tricks.data.cache_in_ram import cache_in_ram
-
-            sizes0 = [self._ptt_hw0(i) for i in range(self.ni)]
-            hws = [yolo_hw(h, w, self.imgsz) for h, w in sizes0]
-            pack = self._ptt_pack.path if self._ptt_pack is not None else None
-            photos = _Photos(list(self.im_files), hws, pack, self._ptt_match)
-            with warnings.catch_warnings(record=True) as said:
-                warnings.simplefilter("always")
-                cached = cache_in_ram(
-                    photos, None, key=_digest(list(self.im_files), hws, pack, self._ptt_match)
-                )
-            for w in said:
-                say(f"{self.prefix}ptt: {w.message}")
-            if cached is photos:  # refused: its warning said why; the stock loader reads the files
-                self.cache = None
-                return
-            self.ims = _ArenaImages(cached)
-            self.im_hw0, self.im_hw = sizes0, [tuple(x) for x in hws]
-            say(
-                f"{self.prefix}ptt: cache='ram' is the node-shared arena {cached.path} ({cached.nbytes / 2**30:.2f} GB)"
+    def _ptt_check_pack(self) -> None:
+        pack = self._ptt_pack
+        assert pack is not None
+        size = max(self.imgsz) if isinstance(self.imgsz, tuple | list) else int(self.imgsz)
+        if pack.max_side is not None and int(pack.max_side) < size:
+            raise PttError(
+                f"the pack {pack.path} stores images with the long side at most {pack.max_side} px, but the "
+                f"trainer's imgsz is {size}: repack with `ptt pack ROOT OUT --max-side {size}` (or train at "
+                f"imgsz={pack.max_side})."
+            )
+        if self.fraction != 1.0:
+            raise PttError(
+                "fraction= is not read from a pack: pack the images you train on, or drop fraction."
             )
 
-        def _ptt_hw0(self, i: int) -> tuple[int, int]:
-            """Image ``i``'s size as the stock decode sees it (upright: EXIF quarter turns swap the header's)."""
-            if self._ptt_pack is not None:
-                return tuple(self._ptt_pack.labels[i]["shape"])  # type: ignore[return-value]
+    def get_labels(self) -> list[dict[str, Any]]:
+        if self._ptt_pack is not None:
+            return [
+                dict(lb, cls=lb["cls"].copy(), bboxes=lb["bboxes"].copy()) for lb in self._ptt_pack.labels
+            ]
+        return list(super().get_labels())
+
+    def _ptt_label_cache(self, path: Path) -> Path:
+        key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+        return Path(cache_root("ultralytics", "labels")) / f"{key}-{Path(path).name}"
+
+    def _load_or_scan_cache(self, cache_path: Path, cache_hash: str) -> Any:
+        ours = self._ptt_label_cache(
+            cache_path
+        )  # theirs beside the labels is read when it is there, never written
+        use = ours if ours.exists() or not Path(cache_path).exists() else Path(cache_path)
+        return super()._load_or_scan_cache(use, cache_hash)
+
+    def cache_labels(self, path: Path = Path("./labels.cache")) -> dict[str, Any]:
+        ours = (
+            self._ptt_label_cache(path) if Path(path).parent != self._ptt_label_cache(path).parent else path
+        )
+        ours.parent.mkdir(parents=True, exist_ok=True)
+        return dict(super().cache_labels(ours))
+
+    def _ptt_raw(self, i: int) -> bytes:
+        if self._ptt_pack is not None:
+            return self._ptt_pack.read(i)
+        with open(self.im_files[i], "rb") as fh:
+            return fh.read()
+
+    def load_image(self, i: int, rect_mode: bool = True, resize_short: bool = False) -> Any:
+        if self.ims[i] is not None or self.channels != 3:
+            return super().load_image(i, rect_mode, resize_short)
+        raw = self._ptt_raw(i)
+        if self._ptt_pack is None and (not is_jpeg(raw) or exif_rotated(raw)):
+            return super().load_image(i, rect_mode, resize_short)  # the stock decode: upright, any format
+        h0, w0 = image_size(raw)
+        im = decode_to(raw, yolo_hw(h0, w0, self.imgsz, rect_mode, resize_short), self._ptt_match)
+        if self.augment and self.cache != "ram":  # the mosaic's buffer of recent images, as theirs keeps it
+            self.ims[i], self.im_hw0[i], self.im_hw[i] = im, (h0, w0), im.shape[:2]
+            self.buffer.append(i)
+            if 1 < len(self.buffer) >= self.max_buffer_length:
+                j = self.buffer.pop(0)
+                self.ims[j], self.im_hw0[j], self.im_hw[j] = None, None, None
+        return im, (h0, w0), im.shape[:2]
+
+    def check_cache_ram(self, safety_margin: float = 1.0) -> bool:
+        return True  # cache_in_ram's own admission check (RAM and /dev/shm) decides, in cache_images
+
+    def cache_images(self) -> None:
+        if self.cache != "ram" or self.channels != 3:
+            super().cache_images()
+            return
+        from pytorchtricks.tricks.data.cache_in_ram import cache_in_ram
+
+        sizes0 = [self._ptt_hw0(i) for i in range(self.ni)]
+        hws = [yolo_hw(h, w, self.imgsz) for h, w in sizes0]
+        pack = self._ptt_pack.path if self._ptt_pack is not None else None
+        photos = _Photos(list(self.im_files), hws, pack, self._ptt_match)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            cached = cache_in_ram(photos, None, key=_digest(list(self.im_files), hws, pack, self._ptt_match))
+        for w in said:
+            self._ptt_say(f"{self.prefix}ptt: {w.message}")
+        if cached is photos:  # refused: its warning said why; the stock loader reads the files
+            self.cache = None
+            return
+        self.ims = _ArenaImages(cached)
+        self.im_hw0, self.im_hw = sizes0, [tuple(x) for x in hws]
+        self._ptt_say(
+            f"{self.prefix}ptt: cache='ram' is the node-shared arena {cached.path} ({cached.nbytes / 2**30:.2f} GB)"
+        )
+
+    def _ptt_hw0(self, i: int) -> tuple[int, int]:
+        """Image ``i``'s size as the stock decode sees it (upright: EXIF quarter turns swap the header's)."""
+        if self._ptt_pack is not None:
+            return tuple(self._ptt_pack.labels[i]["shape"])  # type: ignore[return-value]
+        with open(self.im_files[i], "rb") as fh:
+            head = fh.read(1 << 16)
+        try:
+            h, w = image_size(head)
+        except Exception:
             with open(self.im_files[i], "rb") as fh:
-                head = fh.read(1 << 16)
-            try:
-                h, w = image_size(head)
-            except Exception:
-                with open(self.im_files[i], "rb") as fh:
-                    head = fh.read()
-                h, w = image_size(head)
-            return (w, h) if is_jpeg(head) and exif_orientation(head) in (5, 6, 7, 8) else (h, w)
+                head = fh.read()
+            h, w = image_size(head)
+        return (w, h) if is_jpeg(head) and exif_orientation(head) in (5, 6, 7, 8) else (h, w)
 
-        def __reduce_ex__(self, protocol: Any) -> Any:  # a class made at run time pickles by its base's name
-            return (_restore, (base.__module__, base.__qualname__), self.__dict__)
+    def __reduce_ex__(self, protocol: Any) -> Any:  # a class made at run time pickles by its base's name
+        base = self._ptt_base
+        return (_restore, (base.__module__, base.__qualname__), self.__dict__)
 
-    PttDataset.__name__ = PttDataset.__qualname__ = f"Ptt{base.__name__}"
-    return PttDataset
+
+def _make(base: Any, log: Any) -> Any:
+    """``PttReads`` in front of ``base``: Ultralytics' methods under ours, named ``Ptt<base>``."""
+    return type(f"Ptt{base.__name__}", (PttReads, base), {"_ptt_log": log, "_ptt_base": base})
 
 
 def _restore(module: str, qualname: str) -> Any:
