@@ -241,8 +241,10 @@ def config_first(config: C | None, cls: type[C], options: Mapping[str, Any]) -> 
     ``options`` are ``XConfig``'s own field names; the fields are declared once, on the frozen dataclass ``cls``,
     and the keywords are checked against them here. An unknown keyword raises ``PttError`` naming it, the closest
     field and the fields there are; a keyword beside a ``config`` raises ``PttError`` naming it; a field without a
-    default that no keyword gives is missing. (The price of declaring the fields once: a type checker sees
-    ``**options: Any``, so a keyword's type is checked when the dataclass checks it, at run time.)
+    default that no keyword gives is missing. The price of declaring the fields once: a type checker sees
+    ``**options: Any``, so a misspelt keyword is caught here, at run time, and a wrong type only where the verb
+    or the config checks it; ``verb(x, XConfig(...))`` has the type checker check every field. ``options_of``
+    shows the fields in the verb's signature (``help()``, an editor's completion).
 
     Example:
         >>> @dataclasses.dataclass(frozen=True)
