@@ -12,7 +12,8 @@ denser set of 1-8 items of 10-40% it was at mAP50 0.02 after 200 steps). RetinaN
 match) and SSDlite (needs 300+ px for its fixed anchors) were not run. The model's own transform resizes to short
 side ``--size`` (max 4/3 of it). Each run trains ``--steps`` steps of batch ``--batch`` with AdamW (linear warm-up,
 cosine decay) and evaluates at ``--evals`` checkpoints on the val split with pycocotools (COCO + loadRes +
-COCOeval, the detection reference's path; fp32, eval time excluded from training time). Pipelines:
+COCOeval, the detection reference's path; fp32, eval time excluded from training time), each model on val
+pixels made by its own pipeline (its eval recipe: no flip), its final model also on the reference's. Pipelines:
 
 - ``ref``: torchvision's detection reference: ``CocoDetection`` + ``wrap_dataset_for_transforms_v2`` + the "hflip"
   policy (flip, PILToTensor, ToDtype float, sanitize), list collate, full-size float images; the model resizes.
@@ -197,31 +198,59 @@ def make_loader(pipeline: str, coco: str, size: int, batch: int, seed: int, aren
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(model: Any, coco: str) -> dict[str, float]:
-    """COCO mAP@[.5:.95] and mAP50 on the val split: the model's detections (fp32) through COCO.loadRes and
-    COCOeval(iouType="bbox"), as torchvision's detection reference evaluates."""
+def _val_batches(coco: str, pipeline: str, size: int) -> Any:
+    """``(images, image ids, (out h, out w) per image)`` of the val split as ``pipeline`` feeds its model: the
+    reference's float images at full size (the model resizes), or ptt's eval loader (the same shortest-side recipe
+    without flip, uint8 at the size, DCT-scaled decode) - each model is evaluated on pixels made the way it was
+    trained on (the cache pipelines read the files: their arena holds the same pixels)."""
+    import torch
+
+    import pytorchtricks as ptt
+
+    if pipeline == "ref":
+        ds = _reference_dataset(coco, "val", False)
+        for images, targets in torch.utils.data.DataLoader(
+            ds, batch_size=8, num_workers=0, collate_fn=_collate
+        ):
+            yield list(images), [int(t["image_id"]) for t in targets], None
+        return
+    recipe = ptt.DetectionRecipe.shortest_side(size, size * 4 // 3, flip=0.0)
+    cfg = ptt.DetectionLoaderConfig(num_workers=0, shuffle=False, drop_last=False, group_by_aspect=False)
+    for b in ptt.make_detection_loader(ptt.open_detection(coco, split="val"), 8, recipe, cfg):
+        hw = [(int(h), int(w)) for h, w in b.sizes.tolist()]
+        images = [b.images[i, :, :h, :w].float().div_(255) for i, (h, w) in enumerate(hw)]
+        yield images, [int(t["image_id"]) for t in b.targets], hw
+
+
+def evaluate(model: Any, coco: str, pipeline: str = "ref", size: int = 0) -> dict[str, float]:
+    """COCO mAP@[.5:.95] and mAP50 on the val split: the model's detections (fp32), in the original images'
+    pixels, through COCO.loadRes and COCOeval(iouType="bbox"), as torchvision's detection reference evaluates;
+    the val images made by ``pipeline``'s own path (``_val_batches``)."""
     import torch
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    ds = _reference_dataset(coco, "val", False)
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=0, collate_fn=_collate)
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(os.path.join(coco, "annotations", "instances_val.json"))
     model.eval()
     dets: list[dict[str, Any]] = []
     with torch.no_grad():
-        for images, targets in loader:
-            for out, t in zip(model(list(images)), targets, strict=True):
+        for images, ids, hw in _val_batches(coco, pipeline, size):
+            for k, (out, image_id) in enumerate(zip(model(images), ids, strict=True)):
+                sx = sy = 1.0
+                if hw is not None:  # ptt's pixels: boxes back to the original image's pixels
+                    info = gt.imgs[image_id]
+                    sx, sy = info["width"] / hw[k][1], info["height"] / hw[k][0]
                 for box, score, label in zip(
                     out["boxes"].tolist(), out["scores"].tolist(), out["labels"].tolist()
                 ):
-                    x0, y0, x1, y1 = box
-                    dets.append({"image_id": int(t["image_id"]), "category_id": int(label),
+                    x0, y0, x1, y1 = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+                    dets.append({"image_id": image_id, "category_id": int(label),
                                  "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})  # fmt: skip
     model.train()
     if not dets:
         return {"map": 0.0, "map50": 0.0}
     with contextlib.redirect_stdout(io.StringIO()):
-        gt = COCO(os.path.join(coco, "annotations", "instances_val.json"))
         ev = COCOeval(gt, gt.loadRes(dets), iouType="bbox")
         ev.evaluate()
         ev.accumulate()
@@ -303,10 +332,13 @@ def run_one(
                 print(f"{pipeline} seed {seed} step {i + 1}/{steps}: {train_s:.0f} s, "
                       f"loss {statistics.fmean(losses[-20:]):.3f}", file=sys.stderr, flush=True)  # fmt: skip
             if i + 1 in at:
-                m = evaluate(model, coco)
+                m = evaluate(model, coco, pipeline, size)
                 checkpoints.append({"step": i + 1, "train_s": round(train_s, 2), **m})
                 print(f"{pipeline} seed {seed} step {i + 1}/{steps}: {train_s:.0f} s, mAP {m['map']:.3f} "
                       f"mAP50 {m['map50']:.3f}, loss {statistics.fmean(losses[-20:]):.3f}", file=sys.stderr)  # fmt: skip
+        # the final model through the reference's val pixels too (what a model trained on ptt's pixels scores
+        # on the float full-size images the model resizes itself, without antialiasing)
+        on_ref = evaluate(model, coco) if pipeline != "ref" else checkpoints[-1]
         if save:  # the trained weights, for `ptt optimize` (part 3)
             torch.save(model.state_dict(), save)
     finally:
@@ -317,6 +349,7 @@ def run_one(
         "channels_last": tuned, "setup_s": round(setup_s, 2), "train_s": round(train_s, 2),
         "data_wait_s": round(wait_s, 2), "losses": losses, "checkpoints": checkpoints,
         "final_map": checkpoints[-1]["map"], "final_map50": checkpoints[-1]["map50"],
+        "final_map_ref_pixels": on_ref["map"], "final_map50_ref_pixels": on_ref["map50"],
     }  # fmt: skip
 
 
@@ -437,7 +470,9 @@ def markdown(
         f"{max(1, args.steps // 10)} steps, cosine), grad clip 10; {WORKERS} loader workers, torch threads "
         f"{args.threads or env.get('threads')}; seeds "
         f"{args.seeds}; {args.evals} checkpoints per run, COCOeval bbox on {SET_PARAMS['val']} val images (fp32, "
-        "not counted as training time).",
+        "not counted as training time), each model on val pixels made the way it was trained on (the reference: "
+        "full-size float images its transform resizes; ptt: the same recipe's eval loader, boxes mapped back to the "
+        "original pixels); the runs table also gives each ptt model's final mAP on the reference's val pixels.",
         "",
         f"Target: the reference's final mAP@[.5:.95], mean over its seeds = **{_f(target)}**. Time to target: "
         "linear between the checkpoints around the first at or above it (training time: loader start + steps, "
@@ -465,13 +500,16 @@ def markdown(
         )
     out += ["", "Acceptance:", "", *acceptance(summ)]
     out += ["", "![mAP vs training time, and the loss curves](convergence.svg)", "", "Runs:", "",
-            "| pipeline | seed | final mAP | mAP50 | training s | input wait s | checkpoints (step: s, mAP) |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| pipeline | seed | final mAP | mAP50 | final mAP on the reference's val pixels | training s | "
+            "input wait s | checkpoints (step: s, mAP) |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if "error" in r:
             continue
         cps = "; ".join(f"{c['step']}: {c['train_s']:.0f}, {c['map']:.3f}" for c in r["checkpoints"])
+        on_ref = r.get("final_map_ref_pixels")
         out.append(f"| `{r['pipeline']}` | {r['seed']} | {r['final_map']:.3f} | {r['final_map50']:.3f} | "
+                   f"{'-' if on_ref is None else f'{on_ref:.3f}'} | "
                    f"{r['train_s']:.0f} | {r['data_wait_s']:.0f} | {cps} |")  # fmt: skip
     out += ["", "Pipelines:", ""] + [f"- `{p}`: {d}" for p, d in PIPELINES.items()]
     errors = [r for r in rows if "error" in r]
