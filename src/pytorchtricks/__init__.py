@@ -148,7 +148,7 @@ _EXPORTS: dict[str, str] = {
     "ultralytics": "pytorchtricks.integrations.ultralytics",
     # tune
     "tune_model": "pytorchtricks.tune.engine",
-    "TuneConfig": "pytorchtricks.tune.engine",
+    "TuneConfig": "pytorchtricks.tune.config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -34,8 +34,9 @@ from pytorchtricks.tune.accuracy import (
     smooth,
     window_for,
 )
+from pytorchtricks.tune.config import TuneConfig
 from pytorchtricks.tune.console import summary_lines
-from pytorchtricks.tune.engine import TuneConfig, tune_model
+from pytorchtricks.tune.engine import tune_model
 from pytorchtricks.tune.measuring import Progress
 from pytorchtricks.tune.workload import build_workload
 

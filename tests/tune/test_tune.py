@@ -267,7 +267,7 @@ def test_apply_py_of_a_data_trick_runs_on_the_users_folder(recommended, tmp_path
 
 def test_tune_takes_a_config_or_its_fields_as_keywords():
     from pytorchtricks.core import PttError
-    from pytorchtricks.tune.engine import TuneConfig
+    from pytorchtricks.tune.config import TuneConfig
 
     cfg = TuneConfig("torchvision:resnet18", "synthetic", batch_size=8, device_step_ms=60.0)
     assert cfg.num_workers == 2 and cfg.out == "tune-out"  # the CLI's defaults

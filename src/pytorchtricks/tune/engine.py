@@ -40,6 +40,7 @@ from pytorchtricks.tunable import TuneSkip
 from pytorchtricks.tune.accuracy import NOT_COMPARED, AccuracyCheck, check_options, headline, run_check
 from pytorchtricks.tune.accuracy import PHASE as ACCURACY_PHASE
 from pytorchtricks.tune.candidates import check, why_not
+from pytorchtricks.tune.config import TuneConfig
 from pytorchtricks.tune.diagnose import Diagnosis, diagnose, step_split
 from pytorchtricks.tune.hooks import all_candidates, by_name, with_requirements
 from pytorchtricks.tune.measuring import (
@@ -830,43 +831,6 @@ def describe(w: Workload) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class TuneConfig:
-    """Everything ``ptt tune`` takes - the CLI's flags as one value: ``ptt.tune_model(ptt.TuneConfig(...))``.
-
-    ``model``: ``torchvision:NAME``, ``package.module:factory``, ``path.py:factory`` or a module object (default: a
-    ResNet-18 on the built-in image set); ``data``: an image folder, a ``ptt pack`` folder, ``synthetic``, or None for
-    the built-in set. ``input_shape`` is one sample's C,H,W (default: the model's channels, ``input_size`` px);
-    ``num_workers`` the loader workers the user's loop already uses (the baseline loads with them).
-    ``memory_budget``: the memory search (``run_tune``); with ``batch_size="auto"`` (and a budget in bytes) the
-    batch is the fastest that fits. ``script``: where the model, optimizer and loader come from in the user's script
-    (``ptt doctor run --tune``). ``device_step_ms``: the accelerator's step, declared (a projection for it).
-    ``accuracy_steps``: after the recommendation, train that many steps of the baseline and of the recommended
-    pipeline from one initialisation, ``accuracy_seeds`` seeds each, and say whether the recommended loss stays
-    inside the baseline's seed-to-seed band (``tune.accuracy``; extra time, outside ``time_budget_s``).
-    """
-
-    model: str | torch.nn.Module | None = None
-    data: str | None = None
-    batch_size: int | str | None = None
-    input_size: int | None = None
-    input_shape: str | tuple[int, ...] | None = None
-    num_workers: int = 2
-    goal: str = "speed"
-    for_: str = "train"
-    time_budget_s: float | None = None
-    device: str | None = "cpu"
-    out: str | None = "tune-out"  # the receipt's folder, replaced atomically; None: write nothing
-    memory_budget: str | int | None = None
-    optimizer: tuple[str, dict[str, Any]] | None = None
-    script: dict[str, Any] | None = None
-    device_step_ms: float | None = None
-    task: str = "classification"  # or "detection": a torchvision detector on a COCO / YOLO / VOC root
-    split: str | None = None  # the split of a data root that has several (default: its train split)
-    accuracy_steps: int = 0  # the parity check (tune.accuracy): train this many steps per run; 0: no check
-    accuracy_seeds: int = 3  # ... for this many seeds of the baseline and of the recommendation each
-
-
 @options_of(TuneConfig)
 def tune_model(
     model: str | torch.nn.Module | TuneConfig | None = None,
@@ -889,15 +853,15 @@ def tune_model(
 
 
 def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
-    model, data, batch_size, input_size, input_shape = (
-        cfg.model, cfg.data, cfg.batch_size, cfg.input_size, cfg.input_shape,
+    model, data, batch_size, goal, for_, time_budget_s, out = (
+        cfg.model, cfg.data, cfg.batch_size, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.out,
     )  # fmt: skip
-    num_workers, goal, for_, time_budget_s, device, out = (
-        cfg.num_workers, cfg.goal, cfg.for_, cfg.time_budget_s, cfg.device, cfg.out,
-    )  # fmt: skip
-    memory_budget, optimizer, script, device_step_ms, task, split = (
-        cfg.memory_budget, cfg.optimizer, cfg.script, cfg.device_step_ms, cfg.task, cfg.split,
-    )  # fmt: skip
+    memory_budget, script, device_step_ms, split = (
+        cfg.memory_budget,
+        cfg.script,
+        cfg.device_step_ms,
+        cfg.split,
+    )
     from pytorchtricks.tune.memory import auto_batch_size, parse_budget
 
     budget_bytes, _ = parse_budget(memory_budget)  # a bad size is said before the workload is built
@@ -912,23 +876,12 @@ def _tune(cfg: TuneConfig, progress: Progress | None) -> TuneResult:
             )
         if for_ != "train":
             raise PttError("--batch-size auto searches training steps; pass --batch-size N for inference.")
-        probe = build_workload(
-            model,
-            data,
-            input_size=input_size,
-            input_shape=input_shape,
-            num_workers=num_workers,
-            device=device,
-            split=split,
-        )
+        probe = build_workload(config=dataclasses.replace(cfg, batch_size=None, for_="train"))
         batch_size, auto_note = auto_batch_size(probe, budget_bytes)
+        cfg = dataclasses.replace(cfg, batch_size=batch_size)
     elif batch_size is not None and not isinstance(batch_size, int):
         raise PttError(f"--batch-size must be a positive integer or auto, not {batch_size!r}.")
-    w = build_workload(
-        model, data, batch_size=batch_size, input_size=input_size, input_shape=input_shape,
-        num_workers=num_workers, for_=for_, device=device, optimizer=optimizer, device_step_ms=device_step_ms,
-        task=task, split=split,
-    )  # fmt: skip
+    w = build_workload(config=cfg)  # the config whole: the workload reads its own fields
     if auto_note:
         w = dataclasses.replace(w, notes=(*w.notes, auto_note))
     res = run_tune(

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pytorchtricks.core import Option, PttError, Spelt, cache_root, require, resolve_device
+from pytorchtricks.core import Option, PttError, Spelt, cache_root, config_first, require, resolve_device
 from pytorchtricks.data.baselines import DEFAULT_WORKERS
 
 if TYPE_CHECKING:
     from pytorchtricks.road import DataSource
+    from pytorchtricks.tune.config import TuneConfig
 
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
@@ -359,19 +360,16 @@ def build_workload(
     model: str | nn.Module | None = None,
     data: str | None = None,
     *,
-    batch_size: int | None = None,
-    input_size: int | None = None,
-    input_shape: str | tuple[int, ...] | None = None,
-    num_workers: int = DEFAULT_WORKERS,
-    for_: str = "train",
-    device: str | None = "cpu",
+    config: TuneConfig | None = None,
     seed: int = 0,
-    optimizer: tuple[str, dict[str, Any]] | None = None,
-    device_step_ms: float | None = None,
-    task: str = "classification",
-    split: str | None = None,
+    **options: Any,
 ) -> Workload:
     """Resolve MODEL and DATA into a ``Workload``; all checks happen here, before any output is written.
+
+    Takes tune's ``TuneConfig`` whole (``config=``; ``tune_model`` hands it down as it is), or its fields as
+    keywords (``core.config_first``): ``model``, ``data``, ``batch_size``, ``input_size``, ``input_shape``,
+    ``num_workers``, ``for_``, ``device``, ``optimizer``, ``device_step_ms``, ``task`` and ``split`` are read; the
+    rest (goal, budgets, receipt) are the engine's. ``seed``: the model's initialisation and the data order.
 
     ``model`` is a spec (``torchvision:resnet18``, ``pkg.mod:factory``, ``file.py:factory``) or a module object
     (a script's own model, copied); ``optimizer`` the loop's ``(name, hyper-parameters)`` (default: SGD lr 0.01,
@@ -387,6 +385,20 @@ def build_workload(
         ...
         pytorchtricks.core.PttError: the model torch.nn:Identity returns (2, 3, 8, 8), but tune trains with ...
     """
+    from pytorchtricks.tune.config import TuneConfig
+
+    if config is not None and (model is not None or data is not None):
+        raise PttError(
+            "pass a TuneConfig alone, or the model, the data and the options as keywords - not both."
+        )
+    fields = {"model": model, "data": data, **options} if config is None else {}
+    cfg = config_first(config, TuneConfig, fields)
+    model, data, batch_size, input_size, input_shape, num_workers, for_, device = (
+        cfg.model, cfg.data, cfg.batch_size, cfg.input_size, cfg.input_shape, cfg.num_workers, cfg.for_, cfg.device,
+    )  # fmt: skip
+    optimizer, device_step_ms, task, split = cfg.optimizer, cfg.device_step_ms, cfg.task, cfg.split
+    if batch_size is not None and not isinstance(batch_size, int):
+        raise PttError(f"--batch-size must be a positive integer here, not {batch_size!r}.")
     if for_ not in ("train", "infer", "inference"):
         raise PttError(f"--for must be train or inference, not {for_!r}.")
     for_ = "infer" if for_ == "inference" else for_
