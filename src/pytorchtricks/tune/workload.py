@@ -16,6 +16,7 @@ model; without it the channels come from the model (its first convolution's ``in
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -385,32 +386,18 @@ def build_workload(
         ...
         pytorchtricks.core.PttError: the model torch.nn:Identity returns (2, 3, 8, 8), but tune trains with ...
     """
-    from pytorchtricks.tune.config import TuneConfig
-
-    if config is not None and (model is not None or data is not None):
-        raise PttError(
-            "pass a TuneConfig alone, or the model, the data and the options as keywords - not both."
-        )
-    fields = {"model": model, "data": data, **options} if config is None else {}
-    cfg = config_first(config, TuneConfig, fields)
-    model, data, batch_size, input_size, input_shape, num_workers, for_, device = (
-        cfg.model, cfg.data, cfg.batch_size, cfg.input_size, cfg.input_shape, cfg.num_workers, cfg.for_, cfg.device,
+    cfg = _workload_config(model, data, config, options)
+    model, data, input_size, input_shape, num_workers, device = (
+        cfg.model, cfg.data, cfg.input_size, cfg.input_shape, cfg.num_workers, cfg.device,
     )  # fmt: skip
-    optimizer, device_step_ms, task, split = cfg.optimizer, cfg.device_step_ms, cfg.task, cfg.split
-    if batch_size is not None and not isinstance(batch_size, int):
-        raise PttError(f"--batch-size must be a positive integer here, not {batch_size!r}.")
-    if for_ not in ("train", "infer", "inference"):
-        raise PttError(f"--for must be train or inference, not {for_!r}.")
-    for_ = "infer" if for_ == "inference" else for_
-    if num_workers < 0:
-        raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
-    if device_step_ms is not None and not (0 < device_step_ms < 600_000):
-        raise PttError(
-            f"--device-step-ms must be the accelerator's step in milliseconds (0 < MS < 600000), not "
-            f"{device_step_ms}: read it from your training logs, or `ptt doctor run` on the GPU machine."
-        )
-    if device_step_ms is not None and for_ != "train":
-        raise PttError("--device-step-ms declares a training step; for inference use ptt optimize.")
+    batch_size = cfg.batch_size if isinstance(cfg.batch_size, int) else None  # checked: an int or None
+    optimizer, device_step_ms, task, split, for_ = (
+        cfg.optimizer,
+        cfg.device_step_ms,
+        cfg.task,
+        cfg.split,
+        cfg.for_,
+    )
     dev = resolve_device(device)
     require("PIL", "data", package="pillow")
     if task not in ("classification", "detection"):
@@ -467,6 +454,38 @@ def build_workload(
         data_kind=kind, source=source, labels=label_array(dataset), files=files,
     )  # fmt: skip
     return _declared(out, optimizer, device_step_ms)
+
+
+def _workload_config(
+    model: str | nn.Module | None, data: str | None, config: TuneConfig | None, options: dict[str, Any]
+) -> TuneConfig:
+    """``build_workload``'s options as one checked ``TuneConfig`` (``for_`` normalised to ``train`` / ``infer``):
+    every refusal here, before anything is built."""
+    from pytorchtricks.tune.config import TuneConfig
+
+    if config is not None and (model is not None or data is not None):
+        raise PttError(
+            "pass a TuneConfig alone, or the model, the data and the options as keywords - not both."
+        )
+    cfg = config_first(
+        config, TuneConfig, {"model": model, "data": data, **options} if config is None else {}
+    )
+    batch_size, for_, num_workers, step_ms = cfg.batch_size, cfg.for_, cfg.num_workers, cfg.device_step_ms
+    if batch_size is not None and not isinstance(batch_size, int):
+        raise PttError(f"--batch-size must be a positive integer here, not {batch_size!r}.")
+    if for_ not in ("train", "infer", "inference"):
+        raise PttError(f"--for must be train or inference, not {for_!r}.")
+    for_ = "infer" if for_ == "inference" else for_
+    if num_workers < 0:
+        raise PttError(f"--num-workers must be 0 (load in the training process) or more, not {num_workers}.")
+    if step_ms is not None and not (0 < step_ms < 600_000):
+        raise PttError(
+            f"--device-step-ms must be the accelerator's step in milliseconds (0 < MS < 600000), not "
+            f"{step_ms}: read it from your training logs, or `ptt doctor run` on the GPU machine."
+        )
+    if step_ms is not None and for_ != "train":
+        raise PttError("--device-step-ms declares a training step; for inference use ptt optimize.")
+    return dataclasses.replace(cfg, for_=for_)
 
 
 def _declared(
