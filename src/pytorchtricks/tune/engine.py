@@ -122,47 +122,8 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
     diag = res.diagnosis
     assert diag is not None
     t = diag.step_s
-    to_measure: list[str] = []
-    rows: dict[str, CandidateResult] = {}
     cands = all_candidates()
-    prog.phase("check candidates", len(cands))
-    checks_until = dl.elapsed_s + 0.3 * time_left_s(
-        dl
-    )  # correctness checks and one-time builds: 30% of what is left
-    facts = facts_of(w, diag, time_left_s(dl), goal=goal)  # once: it reads the model and every file's size
-    with _metered(res, "check candidates"):
-        for name in _priority(diag):
-            c = by_name(name)
-            facts.budget_left_s = time_left_s(dl)
-            reason = why_not(c, facts)
-            dropped = reason is None and dl.elapsed_s > checks_until
-            if dropped:
-                reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
-            if reason is not None:
-                rows[name] = CandidateResult(
-                    c.name, Status.SKIPPED, reason, c.exact, dropped_for_time=dropped
-                )
-            else:
-                try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
-                    prepare_all(w, (c.name,))
-                except TuneSkip as exc:
-                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
-                    prog.advance()
-                    continue
-                try:
-                    chk = check(w, (c.name,))
-                except TuneSkip as exc:  # the hook found nothing to change on this model
-                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
-                    prog.advance()
-                    continue
-                if chk.passed:
-                    rows[name] = CandidateResult(c.name, Status.MEASURING, "", c.exact, check=chk)
-                    to_measure.append(c.name)
-                else:
-                    rows[name] = CandidateResult(
-                        c.name, Status.FAILED, f"correctness check failed: {chk.detail}", c.exact, check=chk
-                    )
-            prog.advance()
+    rows, to_measure = _check_candidates(w, res, dl, goal, prog, cands)
     res.candidates = [rows[c.name] for c in cands]  # the receipt lists candidates in the hooks' order
     t_compute = compute_step_s(diag)
     est = {n: whole_step_estimate(rows[n], w, t_compute, t) for n in to_measure}
@@ -217,6 +178,75 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
             m = got[name]
             m.ratio_q1, m.ratio, m.ratio_q3 = paired_ratio(cmp, STEP_BASELINE, name)
         _check_part_and_whole(cmp, res)
+    meas = _judge_measured(w, res, got, rows, goal, staged)
+    res.phases_done.append("candidates")
+    winners = [n for n in to_measure if rows[n].status is Status.KEPT]
+    # best first: biggest measured speed ratio (ties by name, so the order is deterministic); a trick that
+    # tunes what the others built (a loader sweep) comes after all of them
+    ranked = sorted(winners, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
+    return _group_ties_first(ranked, meas)
+
+
+def _check_candidates(
+    w: Workload, res: TuneResult, dl: Deadline, goal: str, prog: Progress, cands: tuple[Any, ...]
+) -> tuple[dict[str, CandidateResult], list[str]]:
+    """Each candidate in priority order: why it does not apply, its one-time builds, its correctness check; the
+    rows of all, and the names that passed (to measure). Checks get 30% of the time left."""
+    diag = res.diagnosis
+    assert diag is not None
+    to_measure: list[str] = []
+    rows: dict[str, CandidateResult] = {}
+    prog.phase("check candidates", len(cands))
+    checks_until = dl.elapsed_s + 0.3 * time_left_s(
+        dl
+    )  # correctness checks and one-time builds: 30% of what is left
+    facts = facts_of(w, diag, time_left_s(dl), goal=goal)  # once: it reads the model and every file's size
+    with _metered(res, "check candidates"):
+        for name in _priority(diag):
+            c = by_name(name)
+            facts.budget_left_s = time_left_s(dl)
+            reason = why_not(c, facts)
+            dropped = reason is None and dl.elapsed_s > checks_until
+            if dropped:
+                reason = f"{DROPPED_FOR_TIME[0]}: the time budget was spent on higher-priority candidates (raise --time-budget)"
+            if reason is not None:
+                rows[name] = CandidateResult(
+                    c.name, Status.SKIPPED, reason, c.exact, dropped_for_time=dropped
+                )
+            else:
+                try:  # the one-time builds first: a cache that does not fit is a skip with its numbers
+                    prepare_all(w, (c.name,))
+                except TuneSkip as exc:
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
+                    prog.advance()
+                    continue
+                try:
+                    chk = check(w, (c.name,))
+                except TuneSkip as exc:  # the hook found nothing to change on this model
+                    rows[name] = CandidateResult(c.name, Status.SKIPPED, str(exc), c.exact)
+                    prog.advance()
+                    continue
+                if chk.passed:
+                    rows[name] = CandidateResult(c.name, Status.MEASURING, "", c.exact, check=chk)
+                    to_measure.append(c.name)
+                else:
+                    rows[name] = CandidateResult(
+                        c.name, Status.FAILED, f"correctness check failed: {chk.detail}", c.exact, check=chk
+                    )
+            prog.advance()
+    return rows, to_measure
+
+
+def _judge_measured(
+    w: Workload,
+    res: TuneResult,
+    got: dict[str, Measured],
+    rows: dict[str, CandidateResult],
+    goal: str,
+    staged: bool,
+) -> dict[str, Measured]:
+    """Each measured candidate against its baseline (the step's for a step-scope variant): kept or rejected, with
+    why and its payback; the baselines into ``res``."""
     base = got.pop("baseline") if staged else got.pop(STEP_BASELINE)
     res.baseline = base
     res.step_baseline = got.pop(STEP_BASELINE, None) if staged else base
@@ -231,12 +261,7 @@ def _phase_candidates(w: Workload, res: TuneResult, dl: Deadline, goal: str, pro
             why += " on the compute step (batches staged in memory)"
         why += _payback(w, cr, m, ref)
         cr.status, cr.reason = (Status.KEPT, why) if ok else (Status.REJECTED, why)
-    res.phases_done.append("candidates")
-    winners = [n for n in to_measure if rows[n].status is Status.KEPT]
-    # best first: biggest measured speed ratio (ties by name, so the order is deterministic); a trick that
-    # tunes what the others built (a loader sweep) comes after all of them
-    ranked = sorted(winners, key=lambda n: (by_name(n).hook.last, -round(meas[n].ratio, 2), n))
-    return _group_ties_first(ranked, meas)
+    return meas
 
 
 def measuring_share(names: list[str], left_s: float, fits: Any) -> tuple[float, int, bool]:
