@@ -380,88 +380,201 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
     peak-memory step only when it fits. The figures check each other (``inconsistencies``): when they disagree the
     step is measured once more, and what still disagrees makes the diagnosis ``unreliable``, as does a machine
     other programs kept busy (``analysis.verdict.machine_busy``).
-    """
-    from pytorchtricks.clock import time_call
 
+    In steps: the baseline's timing and the model's facts (``_first_look``), the figures checked and measured
+    again (``_checked``), the machine's load (``_machine_load``), the verdict, the modules that hold memory
+    (``_top_modules``), the findings in families (model, machine, compute, input, batch), then the data side
+    (``_data_side``) and what the data doctor found.
+    """
     notes: list[str] = []
     remeasured: list[str] = []
     threads = torch.get_num_threads()
+    timing, facts = _first_look(w, budget_s, notes)
+    timing, q1, q3, problems = _checked(w, timing, budget_s, notes, remeasured)
+    cpu, busy = _machine_load(timing, threads)
+    unreliable = list(problems)
+    if busy:
+        unreliable.append(f"the machine was busy while the diagnosis measured: {busy}")
+    cs = judge.CoreSeconds.of(timing.whole_use, len(timing.per))
+    v = judge.judge(timing.step_s, timing.wait_s, compute_alone_s=timing.alone_for_verdict, core_seconds=cs)
+    if facts.lint_note:
+        notes.append(facts.lint_note)
+    _top_modules(w, facts.example, facts.memory, notes)
+    native = bf16_native(w.device)
+    findings = [
+        *facts.lint_found,
+        *_conv_bias_findings(facts),
+        *_busy_findings(busy),
+        *_oversubscribed_findings(w, timing, threads),
+        *_bf16_findings(w, native),
+        *_input_findings(w, v),
+        *_batch_findings(w, facts.lint_found),
+    ]
+    stages, doctor, rates = _data_side(w, timing, budget_s, notes)
+    findings += _doctor_findings(doctor)
+    return Diagnosis(
+        split_s=timing.split,
+        step_s=timing.step_s,
+        verdict=v.name,
+        input_share=v.input_share,
+        compute_alone_s=timing.compute_alone_s,
+        evidence=v.evidence,
+        core_seconds=cs.as_dict(),
+        cpu={k: u.as_dict() for k, u in cpu.items()},
+        unreliable=unreliable,
+        remeasured=remeasured,
+        busy=busy,
+        step_q1_s=q1,
+        step_q3_s=q3,
+        findings=findings,
+        memory=facts.memory,
+        data_stages_s=stages,
+        conv_bias_pairs=facts.bias_pairs,
+        conv_bn_pairs=facts.n_pairs,
+        has_conv2d=facts.has_conv2d,
+        bf16_native=native,
+        notes=notes,
+        data_doctor=doctor,
+        loader_rates=rates,
+    )
+
+
+@dataclass
+class _Timing:
+    """The whole step (the loader beside it) over ``steps`` steps and the compute step alone: what the verdict
+    reads."""
+
+    steps: int
+    split: dict[str, float]
+    step_s: float
+    per: list[float]  # each whole step's own seconds
+    whole_use: CpuUse
+    compute_alone_s: float | None = None
+    alone_use: CpuUse | None = None
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds per step the step waited for its input: the data wait and the host->device copy."""
+        return self.split.get("data wait", 0.0) + self.split.get("host->device", 0.0)
+
+    @property
+    def alone_for_verdict(self) -> float | None:
+        """Compute alone, unless still above the whole step: not a figure to conclude from."""
+        if self.compute_alone_s is not None and self.compute_alone_s > ALONE_ABOVE_WHOLE * self.step_s:
+            return None
+        return self.compute_alone_s
+
+    def check(self) -> tuple[float, float, list[str]]:
+        """The whole step's quartiles and what in the figures contradicts itself (``inconsistencies``)."""
+        q1, _, q3 = quantiles(self.per)
+        wall_s = self.whole_use.wall_s / len(self.per)
+        return q1, q3, inconsistencies(self.step_s, q1, q3, self.compute_alone_s, self.wait_s, wall_s)
+
+
+@dataclass
+class _Facts:
+    """What the diagnosis learns of the model on the baseline runner: memory, Conv->BN pairs, lint."""
+
+    memory: dict[str, Any]
+    bias_pairs: list[str]
+    n_pairs: int
+    has_conv2d: bool
+    example: Any  # the probe batch lint ran on (None: a detector, not linted here)
+    lint_found: list[Finding]
+    lint_note: str | None
+
+
+def _first_look(w: Workload, budget_s: float, notes: list[str]) -> tuple[_Timing, _Facts]:
+    """One baseline runner: the first step pays lazy init, a second sizes the timed whole steps (at most 4, in
+    0.4 of the budget), then the model's facts (``_model_facts``). Its loader's workers end before it returns:
+    compute alone is timed with none of ours running."""
+    from pytorchtricks.clock import time_call
+
     runner = Runner(w, ())
     try:
         runner.step()  # first call pays lazy init
         _, t0 = time_call(runner.step, w.device)
         steps = max(1, min(4, int(0.4 * budget_s / max(t0, 1e-6))))
-        split, step_s, per, whole_use = _whole(runner, steps)
-        if w.device_step_s is not None:  # the step runs on the accelerator: its memory is not this machine's
-            memory = {"params_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters())}
-            notes.append("the step is declared (--device-step-ms): its memory was not measured here")
-        else:
-            memory = memory_facts(runner, peak=(steps + 4) * t0 < budget_s)
-        if "step_peak_bytes" not in memory and w.device_step_s is None:
-            notes.append(
-                "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
-            )
-        model = runner.model
-        bias_pairs, n_pairs = conv_bn_pairs(w.model_factory())
-        has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        if w.task == "detection":  # a list of images in, a dict of losses out: linted as the doctor does
-            example: Any = None
-            lint_found: list[Finding] = []
-            lint_note: str | None = "ptt lint not run in tune on a detector (ptt doctor run lints it)"
-        else:
-            example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
-            lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
+        timing = _Timing(steps, *_whole(runner, steps))
+        facts = _model_facts(w, runner, peak=(steps + 4) * t0 < budget_s, notes=notes)
     finally:
         runner.close()  # the loader's workers end here: compute alone is timed with none of ours running
-    compute_alone_s, alone_use = _alone(w, steps, notes)
+    return timing, facts
 
-    def wait_of(sp: dict[str, float]) -> float:
-        return sp.get("data wait", 0.0) + sp.get("host->device", 0.0)
 
-    q1, _, q3 = quantiles(per)
-    problems = inconsistencies(step_s, q1, q3, compute_alone_s, wait_of(split), whole_use.wall_s / len(per))
-    again_s = (2 * steps + 1) * step_s + (steps + 1) * (
-        compute_alone_s or step_s
-    )  # what measuring again costs
+def _model_facts(w: Workload, runner: Runner, *, peak: bool, notes: list[str]) -> _Facts:
+    """The step's memory (not measured here for a declared step; its peak only when ``peak``: the budget allows),
+    the Conv->BN pairs, whether there is a Conv2d, and ``ptt.lint`` on a probe batch (not on a detector)."""
+    if w.device_step_s is not None:  # the step runs on the accelerator: its memory is not this machine's
+        memory = {"params_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters())}
+        notes.append("the step is declared (--device-step-ms): its memory was not measured here")
+    else:
+        memory = memory_facts(runner, peak=peak)
+    if "step_peak_bytes" not in memory and w.device_step_s is None:
+        notes.append(
+            "the step's peak memory was not profiled in the diagnosis: the time budget was too short"
+        )
+    bias_pairs, n_pairs = conv_bn_pairs(w.model_factory())
+    has_conv2d = any(isinstance(m, nn.Conv2d) for m in runner.model.modules())
+    if w.task == "detection":  # a list of images in, a dict of losses out: linted as the doctor does
+        example: Any = None
+        lint_found: list[Finding] = []
+        lint_note: str | None = "ptt lint not run in tune on a detector (ptt doctor run lints it)"
+    else:
+        example = runner.prepare(w.example_batch(min(w.batch_size, 4))[0])
+        lint_found, lint_note = _lint_findings(w.model_factory(), example, w)
+    return _Facts(memory, bias_pairs, n_pairs, has_conv2d, example, lint_found, lint_note)
+
+
+def _checked(
+    w: Workload, timing: _Timing, budget_s: float, notes: list[str], remeasured: list[str]
+) -> tuple[_Timing, float, float, list[str]]:
+    """Compute alone (``_alone``), then the figures checked against each other (``_Timing.check``): when they
+    disagree the step is measured once more, with twice the steps, before anything is concluded from them -
+    unless that does not fit the budget (said in ``remeasured``). Returns the timing, its quartiles and what
+    still disagrees."""
+    timing.compute_alone_s, timing.alone_use = _alone(w, timing.steps, notes)
+    q1, q3, problems = timing.check()
+    step_s = timing.step_s
+    again_s = (2 * timing.steps + 1) * step_s + (timing.steps + 1) * (timing.compute_alone_s or step_s)
     if problems and again_s > budget_s:
         remeasured.append(
             f"not measured again: it would take ~{again_s:.0f} s of the {budget_s:.0f} s the diagnosis has "
             f"({'; '.join(problems)})"
         )
-    elif problems:  # measured once more, with twice the steps, before anything is concluded from them
+    elif problems:
         remeasured.append("; ".join(problems))
         runner = Runner(w, ())
         try:
             runner.step()
-            split, step_s, per, whole_use = _whole(runner, 2 * steps)
+            timing = _Timing(timing.steps, *_whole(runner, 2 * timing.steps))
         finally:
             runner.close()
-        compute_alone_s, alone_use = _alone(w, steps, notes)
-        q1, _, q3 = quantiles(per)
-        problems = inconsistencies(
-            step_s, q1, q3, compute_alone_s, wait_of(split), whole_use.wall_s / len(per)
-        )
-    unreliable = list(problems)
-    alone_for_verdict = compute_alone_s
-    if compute_alone_s is not None and compute_alone_s > ALONE_ABOVE_WHOLE * step_s:
-        alone_for_verdict = None  # still above the whole step: not a figure to conclude from
-    cpu = {"whole step": whole_use} | ({"compute alone": alone_use} if alone_use is not None else {})
+        timing.compute_alone_s, timing.alone_use = _alone(w, timing.steps, notes)
+        q1, q3, problems = timing.check()
+    return timing, q1, q3, problems
+
+
+def _machine_load(timing: _Timing, threads: int) -> tuple[dict[str, CpuUse], str | None]:
+    """Who used the CPU while each part was measured, and ``analysis.verdict.machine_busy`` on all of it (a fast
+    step's windows are too short to judge the load on: then the machine is watched for ``LOOK_S``)."""
+    cpu = {"whole step": timing.whole_use}
+    if timing.alone_use is not None:
+        cpu["compute alone"] = timing.alone_use
     seen = CpuUse.added(list(cpu.values()))
-    if (
-        seen is not None and seen.wall_s < LOOK_S
-    ):  # a fast step: its windows are too short to judge the load on
+    if seen is not None and seen.wall_s < LOOK_S:
         seen = _look(LOOK_S)
-    busy = judge.machine_busy(seen, threads)
-    if busy:
-        unreliable.append(f"the machine was busy while the diagnosis measured: {busy}")
-    cs = judge.CoreSeconds.of(whole_use, len(per))
-    v = judge.judge(step_s, wait_of(split), compute_alone_s=alone_for_verdict, core_seconds=cs)
-    if lint_note:
-        notes.append(lint_note)
+    return cpu, judge.machine_busy(seen, threads)
+
+
+def _top_modules(w: Workload, example: Any, memory: dict[str, Any], notes: list[str]) -> None:
+    """``memory["top_modules"]``: the five modules that save the most bytes for backward, from
+    ``ptt.memory_breakdown`` on the probe batch scaled to the workload's (training a classifier on this machine
+    only; a failure is a note). Our own totals in ``memory`` stay the measured ones."""
     from pytorchtricks.analysis.memory import memory_breakdown as breakdown
 
     if w.for_ == "train" and w.device_step_s is None and w.task == "classification":
-        try:  # per-module saved bytes from the analysis module (our own totals above stay the measured ones)
+        try:
             m = w.model_factory().to(w.device)
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
             with filtered_stderr():  # its probe step is metered with torch.profiler: Kineto's lines dropped
@@ -473,89 +586,129 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
             ]
         except Exception as exc:
             notes.append(f"ptt.memory_breakdown failed ({type(exc).__name__}: {str(exc)[:120]})")
-    findings = list(lint_found)
-    if bias_pairs and not any(f.id == "PTL001" for f in findings):
-        findings.append(
-            Finding(
-                "PTL001",
-                "conv-bias-before-bn",
-                ", ".join(bias_pairs[:4]) + (" ..." if len(bias_pairs) > 4 else ""),
-                f"{len(bias_pairs)} conv layer(s) with a bias feed a BatchNorm, which subtracts it again",
-                "a bias add per output element, undone by the BatchNorm",
-                "ptt.remove_conv_bias_before_bn_(model)",
-                source="tune",
-            )
+
+
+def _conv_bias_findings(facts: _Facts) -> list[Finding]:
+    """The model: PTL001 for conv biases a BatchNorm subtracts again, unless lint said so already."""
+    pairs = facts.bias_pairs
+    if not pairs or any(f.id == "PTL001" for f in facts.lint_found):
+        return []
+    return [
+        Finding(
+            "PTL001",
+            "conv-bias-before-bn",
+            ", ".join(pairs[:4]) + (" ..." if len(pairs) > 4 else ""),
+            f"{len(pairs)} conv layer(s) with a bias feed a BatchNorm, which subtracts it again",
+            "a bias add per output element, undone by the BatchNorm",
+            "ptt.remove_conv_bias_before_bn_(model)",
+            source="tune",
         )
-    if busy:
-        findings.append(
-            Finding(
-                "PTD004",
-                "machine-busy",
-                "machine",
-                busy,
-                "steps slower and noisier than the job's own: ratios and the verdict are uncertain",
-                "rerun when the machine is quiet; if it never is, OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before "
-                "Python starts) stops OpenMP threads spinning against the other programs",
-                source="tune",
-            )
+    ]
+
+
+def _busy_findings(busy: str | None) -> list[Finding]:
+    """The machine: PTD004 when other programs kept it busy while the diagnosis measured."""
+    if not busy:
+        return []
+    return [
+        Finding(
+            "PTD004",
+            "machine-busy",
+            "machine",
+            busy,
+            "steps slower and noisier than the job's own: ratios and the verdict are uncertain",
+            "rerun when the machine is quiet; if it never is, OMP_WAIT_POLICY=PASSIVE ptt tune ... (set before "
+            "Python starts) stops OpenMP threads spinning against the other programs",
+            source="tune",
         )
-    over = judge.oversubscription(threads, w.num_workers, whole_use.cores)
-    if over and compute_alone_s:
-        cost = max(0.0, 1 - compute_alone_s / step_s)
-        findings.append(
-            Finding(
-                "PTD005",
-                "cpu-oversubscribed",
-                f"torch.set_num_threads({threads}) + DataLoader(num_workers={w.num_workers})",
-                f"{over}; measured: the step takes {step_s:.2f} s beside its loader and {compute_alone_s:.2f} s "
-                f"alone ({cost:.0%} of it)",
-                f"{cost:.0%} of every step",
-                "spend fewer CPU-seconds per sample (ptt.cache_in_ram, ptt pack at the training size): tune "
-                "measures each below",
-                source="tune",
-            )
+    ]
+
+
+def _oversubscribed_findings(w: Workload, timing: _Timing, threads: int) -> list[Finding]:
+    """The machine: PTD005 when the training threads and the loader workers ask for more cores than the job has,
+    with what it costs (the step beside its loader against the step alone)."""
+    over = judge.oversubscription(threads, w.num_workers, timing.whole_use.cores)
+    alone_s, step_s = timing.compute_alone_s, timing.step_s
+    if not (over and alone_s):
+        return []
+    cost = max(0.0, 1 - alone_s / step_s)
+    return [
+        Finding(
+            "PTD005",
+            "cpu-oversubscribed",
+            f"torch.set_num_threads({threads}) + DataLoader(num_workers={w.num_workers})",
+            f"{over}; measured: the step takes {step_s:.2f} s beside its loader and {alone_s:.2f} s "
+            f"alone ({cost:.0%} of it)",
+            f"{cost:.0%} of every step",
+            "spend fewer CPU-seconds per sample (ptt.cache_in_ram, ptt pack at the training size): tune "
+            "measures each below",
+            source="tune",
         )
-    native = bf16_native(w.device)
-    if native and w.device.type == "cpu":
-        findings.append(
-            Finding(
-                "PTD003",
-                "fp32-on-bf16-cpu",
-                "model",
-                "the step runs in fp32 on a CPU with native bf16 (avx512_bf16/AMX)",
-                "the bf16 kernels this CPU has are left unused",
-                'ptt.mixed_precision("cpu", dtype="bf16")',
-                source="tune",
-            )
+    ]
+
+
+def _bf16_findings(w: Workload, native: bool) -> list[Finding]:
+    """Compute: PTD003 when the step runs in fp32 on a CPU with native bf16."""
+    if not (native and w.device.type == "cpu"):
+        return []
+    return [
+        Finding(
+            "PTD003",
+            "fp32-on-bf16-cpu",
+            "model",
+            "the step runs in fp32 on a CPU with native bf16 (avx512_bf16/AMX)",
+            "the bf16 kernels this CPU has are left unused",
+            'ptt.mixed_precision("cpu", dtype="bf16")',
+            source="tune",
         )
-    if v.loader_can_help:
-        findings.append(
-            Finding(
-                "PTD001" if v.name == judge.INPUT_BOUND else "PTD006",
-                v.name.lower(),
-                f"DataLoader(num_workers={w.num_workers})",
-                f"{v.evidence}; loaded "
-                + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
-                f"{v.input_share:.0%} of every step",
-                v.fix + "; tune measures each below",
-                source="tune",
-            )
+    ]
+
+
+def _input_findings(w: Workload, v: judge.Verdict) -> list[Finding]:
+    """Input: PTD001 (input-bound) or PTD006 (CPU-contended) when a cheaper loader may speed the step up."""
+    if not v.loader_can_help:
+        return []
+    return [
+        Finding(
+            "PTD001" if v.name == judge.INPUT_BOUND else "PTD006",
+            v.name.lower(),
+            f"DataLoader(num_workers={w.num_workers})",
+            f"{v.evidence}; loaded "
+            + ("in the training process" if w.num_workers == 0 else f"by {w.num_workers} worker(s)"),
+            f"{v.input_share:.0%} of every step",
+            v.fix + "; tune measures each below",
+            source="tune",
         )
-    if w.batch_size % 8 and not any(f.id == "PTL003" for f in findings):
-        findings.append(
-            Finding(
-                "PTL003",
-                "batch-not-multiple-of-8",
-                "batch size",
-                f"batch size {w.batch_size}",
-                "kernels tile in multiples of 8",
-                "use a multiple of 8",
-                source="tune",
-            )
+    ]
+
+
+def _batch_findings(w: Workload, lint_found: list[Finding]) -> list[Finding]:
+    """The batch: PTL003 for a batch size that is not a multiple of 8, unless lint said so already."""
+    if not w.batch_size % 8 or any(f.id == "PTL003" for f in lint_found):
+        return []
+    return [
+        Finding(
+            "PTL003",
+            "batch-not-multiple-of-8",
+            "batch size",
+            f"batch size {w.batch_size}",
+            "kernels tile in multiples of 8",
+            "use a multiple of 8",
+            source="tune",
         )
+    ]
+
+
+def _data_side(
+    w: Workload, timing: _Timing, budget_s: float, notes: list[str]
+) -> tuple[dict[str, float], dict[str, Any] | None, dict[str, dict[str, float]]]:
+    """The input pipeline itself: a classifier's per-stage seconds (``data_stages``) and ``ptt.doctor_data`` in
+    0.6 of the budget; a detector's two loaders' own rates (``tune.detection.loader_rates``). What did not run
+    is a note. Returns (stages, the doctor's summary or None, the loaders' rates)."""
+    split = timing.split
     stages = data_stages(w) if w.task == "classification" else {}
     rates: dict[str, dict[str, float]] = {}
-    compute_s = max(step_s - split.get("data wait", 0.0), 1e-4)
+    compute_s = max(timing.step_s - split.get("data wait", 0.0), 1e-4)
     if w.task == "classification":
         doctor, why = run_data_doctor(w, compute_s, split.get("data wait", 0.0), 0.6 * budget_s)
     else:
@@ -571,40 +724,21 @@ def diagnose(w: Workload, *, budget_s: float = 30.0) -> Diagnosis:
             notes.append(f"the detection loaders' own rates were not measured ({type(exc).__name__}: {exc})")
     if doctor is None:
         notes.append(f"data doctor not run: {why}")
-    elif doctor["verdict"].startswith("input-bound"):
-        findings.append(
-            Finding(
-                "PTD002",
-                "input-bound-even-with-make-loader",
-                f"ptt.make_loader(num_workers={doctor['num_workers']})",
-                f"even the fast loader keeps the step waiting ({doctor['verdict']})",
-                "the step waits for data",
-                doctor["fix"],
-                source="ptt.doctor_data",
-            )
+    return stages, doctor, rates
+
+
+def _doctor_findings(doctor: dict[str, Any] | None) -> list[Finding]:
+    """Input: PTD002 when even ``ptt.make_loader`` keeps the step waiting (the data doctor's verdict)."""
+    if doctor is None or not doctor["verdict"].startswith("input-bound"):
+        return []
+    return [
+        Finding(
+            "PTD002",
+            "input-bound-even-with-make-loader",
+            f"ptt.make_loader(num_workers={doctor['num_workers']})",
+            f"even the fast loader keeps the step waiting ({doctor['verdict']})",
+            "the step waits for data",
+            doctor["fix"],
+            source="ptt.doctor_data",
         )
-    return Diagnosis(
-        split_s=split,
-        step_s=step_s,
-        verdict=v.name,
-        input_share=v.input_share,
-        compute_alone_s=compute_alone_s,
-        evidence=v.evidence,
-        core_seconds=cs.as_dict(),
-        cpu={k: u.as_dict() for k, u in cpu.items()},
-        unreliable=unreliable,
-        remeasured=remeasured,
-        busy=busy,
-        step_q1_s=q1,
-        step_q3_s=q3,
-        findings=findings,
-        memory=memory,
-        data_stages_s=stages,
-        conv_bias_pairs=bias_pairs,
-        conv_bn_pairs=n_pairs,
-        has_conv2d=has_conv2d,
-        bf16_native=native,
-        notes=notes,
-        data_doctor=doctor,
-        loader_rates=rates,
-    )
+    ]
