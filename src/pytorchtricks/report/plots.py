@@ -175,6 +175,6 @@ def loss_band(acc: dict[str, Any]) -> str:
             color=KEPT if acc["answer"] == "inside" else "#e76f51", lw=1.6, label="recommended: seed mean")  # fmt: skip
     ax.set_xlabel(f"training step (losses smoothed over {acc['window']} step(s))")
     ax.set_ylabel("training loss")
-    ax.legend(fontsize=8, loc="upper right", frameon=False)
+    ax.legend(fontsize=8, loc="best", frameon=False)
     ax.set_title(f"Learns the same? {acc['answer']}", fontsize=11)
     return _svg(fig)
