@@ -283,3 +283,15 @@ def test_an_accelerated_dataset_pickles_for_spawned_workers(yolo_root: Path) -> 
     back = pickle.loads(pickle.dumps(ours))
     assert type(back) is type(ours) and back.im_files == ours.im_files
     np.testing.assert_array_equal(back.load_image(0)[0], ours.load_image(0)[0])
+
+
+@pytest.mark.parametrize("ours", [False, True])
+def test_doctor_tune_on_their_trainer_names_the_one_line(yolo_root: Path, ours: bool) -> None:
+    from pytorchtricks.analysis.script_run import tune_arguments
+
+    run = types.SimpleNamespace(
+        captured={"dataset": _build(yolo_root, 160, ours=ours)}, model={}, input_shape=()
+    )
+    with pytest.raises(PttError, match=r"ptt\.ultralytics\.accelerate\(model\)") as got:
+        tune_arguments(run)  # type: ignore[arg-type]
+    assert ("already applied" in str(got.value)) is ours

@@ -251,6 +251,23 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
     batch, input shape and loader workers. Raises ``PttError`` when the run captured no model or optimizer."""
     import copy
 
+    from pytorchtricks.analysis.step_split import inner_dataset
+
+    ds = r.captured.get("dataset")
+    mro = [c.__module__ for c in type(inner_dataset(ds)[0]).__mro__]
+    if any(m.startswith("ultralytics.") for m in mro):
+        done = any(m.startswith("pytorchtricks.") for m in mro)
+        raise PttError(
+            "--tune runs its candidates on a torchvision-style model and loss; this is Ultralytics' trainer. Its data "
+            "pipeline's candidate is one line before model.train(...): ptt.ultralytics.accelerate(model) (the yolo "
+            "CLI: `ptt yolo train ...` with the same arguments; pip install 'pytorchtricks[ultralytics]')"
+            + (
+                ", already applied in this run."
+                if done
+                else ". Check it with `ptt doctor run --compare RESULTS -- ptt yolo train ...`, RESULTS this run's "
+                "results.jsonl."
+            )
+        )
     model, opt = r.captured.get("model"), r.captured.get("optimizer")
     if model is None or opt is None or len(r.input_shape) != 4:
         raise PttError(
@@ -261,7 +278,6 @@ def tune_arguments(r: RunReport) -> dict[str, Any]:
     # leaves the constructor's defaults unused)
     main = max(opt.param_groups, key=lambda g: sum(p.numel() for p in g["params"]))
     hp = {k: v for k, v in main.items() if k in keep and v is not None}
-    ds = r.captured.get("dataset")
     if r.model.get("task") == "detection":
         return _detection_arguments(r, model, (type(opt).__name__.lower(), hp), ds)
     root = getattr(ds, "root", None)
