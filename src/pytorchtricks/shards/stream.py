@@ -276,15 +276,11 @@ class ShardStream(torch.utils.data.IterableDataset):
         self._consumed = 0
 
     def rank_world(self) -> tuple[int, int]:
-        if self._rank is not None or self._world is not None:
-            rank, world = int(self._rank or 0), int(self._world or 1)
-        elif torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        else:
-            rank, world = 0, 1
-        if not 0 <= rank < world:
-            raise PttError(f"rank {rank} is not in [0, world_size={world}).")
-        return rank, world
+        """This stream's ``(rank, world_size)``: the ones it was given, else torch.distributed's (the loaders' one
+        rule, ``data.batches.rank_world``)."""
+        from pytorchtricks.data.batches import rank_world
+
+        return rank_world(self._rank, self._world)
 
     def _history(self) -> list[tuple[int, int]]:
         """The earlier stages of this epoch (resumed from a state saved at some world size), else none."""
