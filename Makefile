@@ -17,7 +17,7 @@ APT_DATA := dataset-fashion-mnist lomiri-wallpapers-16.04 lomiri-wallpapers-20.0
 APT_SYSTEM := chromium libturbojpeg0 libdnnl2 libjpeg62-turbo-dev gcc
 PYTEST_ARGS ?=
 
-.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics yolo-site pytest-ultralytics bench-convergence
+.PHONY: lock pytest-avx2 bench-train bench-loop bench-checkpoint setup system-deps demo test lint format typecheck pytest bench bench-smoke docs docs-serve gpu-check clean help data bench-pack peers-env bench-data bench-tune screenshot bench-design bench-memory bench-memory-tune lint-examples bench-infer bench-int8-breakdown bench-int8-no-vnni bench-fp32-breakdown bench-fp32-conv-ceiling bench-artefact-reload bench-compression ffcv-env bench-data-hires bench-roi-decode bench-remote bench-detection-data bench-scale bench-memory-planner check-detection-reference bench-loader-shm detection-set ultralytics-env bench-ultralytics yolo-site pytest-ultralytics bench-convergence bench-convergence-optimize
 
 help:
 	@echo "make demo   - create .venv, install, run 'ptt tune' on the built-in workload"
@@ -200,6 +200,12 @@ bench-loader-shm: setup system-deps
 CONV_ARGS ?=
 bench-convergence: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/convergence.py --out $(RESULTS)/convergence $(CONV_ARGS)
+
+# ptt optimize's picker on the detectors bench-convergence trained: each artefact's COCO mAP vs eager fp32
+# (accuracy only: a shared lock) -> $(RESULTS)/convergence/optimize.md
+CONV_MODELS ?= /tmp/ptt-bench-convergence/models/ptt-seed0.pt /tmp/ptt-bench-convergence/models/ptt-seed1.pt
+bench-convergence-optimize: setup system-deps
+	flock -s /tmp/ptt-bench.lock $(PY) benchmarks/_convergence_optimize.py --weights $(CONV_MODELS) --out $(RESULTS)/convergence
 
 # ptt doctor run --tune on torchvision's detection reference, unmodified (not vendored: REFS=a checkout of
 # pytorch/vision's references/detection) over the built-in photos with boxes -> $(RESULTS)/doctor-reference/.
