@@ -116,6 +116,18 @@ def test_opened_is_what_open_data_gives(sources):
     assert isinstance(data_source(sources["splits"], split="val").open(), JpegFolder)
 
 
+def test_the_loaders_take_the_source(sources):
+    x, y = next(
+        iter(ptt.make_loader(data_source(sources["folder"]), 2, crop=16, num_workers=0, shuffle=False))
+    )
+    assert tuple(x.shape) == (2, 3, 16, 16) and len(y) == 2
+    recipe = ptt.DetectionRecipe.shortest_side(32, 48, flip=0.0)
+    b = next(
+        iter(ptt.make_detection_loader(data_source(sources["coco"]), 2, recipe, num_workers=0, shuffle=False))
+    )
+    assert len(b.targets) == 2
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """How often the layout probes run: ``detection_layout`` and ``is_url`` (through their modules' names, which

@@ -110,7 +110,9 @@ def make_detection_loader(
     if batch_size < 1:
         raise PttError(f"batch_size must be >= 1, got {batch_size}.")
     rec = detection_recipe(recipe)
-    if isinstance(dataset, str | os.PathLike):
+    from pytorchtricks.road import DataSource
+
+    if isinstance(dataset, str | os.PathLike | DataSource):  # a path, or what ptt.data_source read of one
         from pytorchtricks.road import open_data
 
         dataset = open_data(dataset, task="detection", decode=None)  # a detection root or pack (ptt / lmdb)

@@ -257,8 +257,10 @@ def _opened(dataset: Any, cfg: LoaderConfig, rank: int, world: int) -> Any:
     """The dataset make_loader reads: a path or URL opened on the one data road (a tar pack in the loader's
     order and rank share), and refused when the loader cannot read it as it is meant."""
     from pytorchtricks.data.detection import refuse_detection
+    from pytorchtricks.road import DataSource
 
-    if isinstance(dataset, str | os.PathLike):  # the one data road: the reader open_data picks (raw records)
+    # the one data road: a path, or what ptt.data_source read of one, opened by open_data's reader (raw records)
+    if isinstance(dataset, str | os.PathLike | DataSource):
         from pytorchtricks.road import open_data
         from pytorchtricks.shards.stream import StreamConfig
 
