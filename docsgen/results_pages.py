@@ -16,7 +16,7 @@ from typing import Any
 
 from docsgen import RESULTS
 
-RAW_SUFFIXES = (".jsonl", ".txt", ".json")  # the .md tables are shown on the pages themselves
+RAW_SUFFIXES = (".jsonl", ".txt", ".json", ".svg")  # the .md tables are shown on the pages themselves
 CLASS_NOTES = {
     "avx512_bf16": "AVX-512 with avx512_bf16 and avx512_vnni: native bf16, int8 with VNNI.",
     "avx512": "AVX-512 without native bf16.",
@@ -172,6 +172,21 @@ def _demote(md: str, by: int) -> str:
     return re.sub(r"^(#{1,6}) ", lambda m: "#" * min(6, len(m.group(1)) + by) + " ", md, flags=re.M)
 
 
+def _relink(md: str, cpu: str, rel_dir: Path, folder: Path) -> str:
+    """A results page's relative links to files beside it (a plot, a raw file) pointed at their copies in the site
+    (``files/<cpu>/...``); links elsewhere are left as they are."""
+
+    def one(m: re.Match[str]) -> str:
+        target = m.group(2)
+        if "://" in target or target.startswith(("#", "/")) or not (folder / target).is_file():
+            return m.group(0)
+        if (folder / target).suffix not in RAW_SUFFIXES:
+            return m.group(0)
+        return f"{m.group(1)}({raw_link(cpu, rel_dir / target)})"
+
+    return re.sub(r"(!?\[[^\]]*\])\(([^)\s]+)\)", one, md)
+
+
 def jsonl_section(cpu: str, path: Path, root: Path = RESULTS) -> list[str]:
     """The section of one JSONL file: heading, raw links, environment, then its table."""
     rel = path.relative_to(root / cpu)
@@ -181,7 +196,7 @@ def jsonl_section(cpu: str, path: Path, root: Path = RESULTS) -> list[str]:
     out = [f"### {rel.with_suffix('').as_posix()} {{#{anchor(rel)}}}", "", f"{len(rows)} rows: {links}", ""]
     out += environment(rows)
     if md.exists():
-        out += [_demote(md.read_text(encoding="utf-8").strip(), 3), ""]
+        out += [_relink(_demote(md.read_text(encoding="utf-8").strip(), 3), cpu, rel.parent, md.parent), ""]
     elif any(str(r.get("kind", "")).startswith("tune-") for r in rows):
         out += _tune_table(rows)
     else:
