@@ -202,10 +202,12 @@ bench-convergence: setup system-deps
 	flock /tmp/ptt-bench.lock $(PY) benchmarks/convergence.py --out $(RESULTS)/convergence $(CONV_ARGS)
 
 # ptt optimize's picker on the detectors bench-convergence trained: each artefact's COCO mAP vs eager fp32
-# (accuracy only: a shared lock) -> $(RESULTS)/convergence/optimize.md
+# (accuracy only: a shared lock) -> $(RESULTS)/convergence/optimize.md; AOTInductor int8 (minutes of compile) on the
+# first model alone -> optimize-aoti-int8.md
 CONV_MODELS ?= /tmp/ptt-bench-convergence/models/ptt-seed0.pt /tmp/ptt-bench-convergence/models/ptt-seed1.pt
 bench-convergence-optimize: setup system-deps
 	flock -s /tmp/ptt-bench.lock $(PY) benchmarks/_convergence_optimize.py --weights $(CONV_MODELS) --out $(RESULTS)/convergence
+	flock -s /tmp/ptt-bench.lock $(PY) benchmarks/_convergence_optimize.py --weights $(firstword $(CONV_MODELS)) --engines aoti --precision int8 --no-unrolled --stem optimize-aoti-int8 --out $(RESULTS)/convergence
 
 # ptt doctor run --tune on torchvision's detection reference, unmodified (not vendored: REFS=a checkout of
 # pytorch/vision's references/detection) over the built-in photos with boxes -> $(RESULTS)/doctor-reference/.
