@@ -6,15 +6,19 @@ own transform output - normalised, resized, padded to 32 - padded with zeros to 
 tensors. The anchors, the box decoding, NMS and the resize back stay eager (``FCOS.anchor_generator``,
 ``FCOS.postprocess_detections``, ``transform.postprocess``: ``FCOS.forward``'s own steps), the same code for every
 artefact (``Detector``). Every row is scored by ``convergence.evaluate`` - the exact COCOeval the training runs were
-scored with - on the val pixels of the ``ptt`` pipeline (``--pipeline``).
+scored with - on the val pixels of the ``ptt`` pipeline (``--pipeline``). Before any artefact, eager fp32 is scored
+four ways: the whole model in convergence.py's batches of 8, the whole model at batch 1, the tensor part + the eager
+decoding at batch 1 on the same padding (must equal the previous row: the wrapper check), and on the canvas (the
+artefacts' baseline; a canvas per orientation too, eager only).
 
 The artefacts come from ``pytorchtricks.infer.picker.pick_artefact`` (what ``ptt optimize`` runs) at
-``precision="any"``: fp32 exported (as given, channels_last), ORT fp32, int8 (the PT2E program as a oneDNN plan, ORT
+``precision="any"`` (``--precision``): fp32 exported (as given, channels_last), ORT fp32, int8 (the PT2E program as a oneDNN plan, ORT
 static int8) calibrated on train images of the same pipeline (no flip); the picker's SQNR check runs on other train
 images. AOTInductor is left out by default (``--engines``; its compile takes minutes a candidate on 2 cores). Each
 candidate's file, as the picker wrote it, is loaded back (``infer.artefacts.load``) and scored - also the ones the
-picker refused for their SQNR (their mAP is what the refusal cost or saved). The picker's timings are not reported:
-they were taken at 1 round on a shared machine.
+picker refused for their SQNR (their mAP is what the refusal cost or saved). Then the int8 candidates again on the
+head unrolled per level (``UnrolledPart``; ``--no-unrolled`` skips it). The picker's timings are not reported: they
+were taken at 1 round on a shared machine.
 
     python benchmarks/_convergence_optimize.py --weights /tmp/ptt-bench-convergence/models/ptt-seed0.pt \
         --out results/amx/convergence
@@ -50,17 +54,25 @@ class TensorPart(torch.nn.Module):
         return out["cls_logits"], out["bbox_regression"], out["bbox_ctrness"]
 
 
-def canvas(model: Any, image: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The model's own transform (normalise, resize, pad to 32), then padded with zeros to the fixed canvas."""
+def canvas(
+    model: Any, image: torch.Tensor, orientation: bool = False
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The model's own transform (normalise, resize, pad to 32), then padded with zeros to the fixed canvas
+    (``orientation``: to ``short x CANVAS`` for a landscape image, ``CANVAS x short`` for a portrait one, short =
+    the model's short side padded to 32)."""
     il, _ = model.transform([image])
     h, w = il.image_sizes[0]
     th, tw = il.tensors.shape[-2:]
-    if th > CANVAS or tw > CANVAS:
+    ch = cw = CANVAS
+    if orientation:
+        short = -(-int(model.transform.min_size[0]) // 32) * 32
+        ch, cw = (short, CANVAS) if tw >= th else (CANVAS, short)
+    if th > ch or tw > cw:
         raise PttError(
-            f"the model's transform made a {th}x{tw} batch, larger than the {CANVAS} px canvas; raise CANVAS "
+            f"the model's transform made a {th}x{tw} batch, larger than the {ch}x{cw} canvas; raise CANVAS "
             "(or --size smaller)."
         )
-    x = torch.zeros(1, 3, CANVAS, CANVAS)
+    x = torch.zeros(1, 3, ch, cw)
     x[:, :, :th, :tw] = il.tensors
     return x, (h, w)
 
@@ -68,11 +80,12 @@ def canvas(model: Any, image: torch.Tensor) -> tuple[torch.Tensor, tuple[int, in
 class Detector:
     """FCOS's eval forward with the tensor part replaced by ``run`` (any engine): what ``convergence.evaluate``
     calls as a model (a list of float images in, a list of {boxes, scores, labels} out, one image a call to
-    ``run``). ``fixed=False``: each image on its own transform output (padded to 32, no canvas) - the check that
-    this decoding is FCOS's (it must give ``WholeModel``'s detections exactly)."""
+    ``run``). ``pad="own"``: each image on its own transform output (padded to 32, no canvas) - the check that
+    this decoding is FCOS's (it must give ``WholeModel``'s detections exactly); ``"orientation"``: a canvas for
+    landscape and one for portrait images (eager only: what two fixed-shape artefacts would see)."""
 
-    def __init__(self, model: Any, run: Any, fixed: bool = True) -> None:
-        self.model, self.run, self.fixed = model, run, fixed
+    def __init__(self, model: Any, run: Any, pad: str = "canvas") -> None:
+        self.model, self.run, self.pad = model, run, pad
         self._shapes: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def shapes(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
@@ -97,8 +110,8 @@ class Detector:
         from torchvision.models.detection.image_list import ImageList
 
         m = self.model
-        if self.fixed:
-            x, size = canvas(m, image)
+        if self.pad in ("canvas", "orientation"):
+            x, size = canvas(m, image, self.pad == "orientation")
         else:
             il0, _ = m.transform([image])
             x, size = il0.tensors, il0.image_sizes[0]
@@ -195,15 +208,16 @@ def one_model(weights: str, args: Any, coco: str) -> list[dict[str, Any]]:
         ("eager fp32, whole model, batch 1 (each image padded to 32)", WholeModel(model)),
         (
             "eager fp32, tensor part + eager decoding, batch 1 (each image padded to 32)",
-            Detector(model, part, False),
+            Detector(model, part, "own"),
         ),
+        (EAGER_ORIENTATION, Detector(model, part, "orientation")),
         (EAGER_CANVAS, Detector(model, part)),
     ]
     rows: list[dict[str, Any]] = []
     for label, runner in eager_rows:
         rows.append({**base, "name": label, **score(runner)})
         say(f"{name}: {label}: mAP {rows[-1]['map']:.4f}, mAP50 {rows[-1]['map50']:.4f}")
-    eager = rows[-1]
+    eager = next(r for r in rows if r["name"] == EAGER_CANVAS)
     for r in rows:
         r["delta_map_points"] = round((r["map"] - eager["map"]) * 100, 2)
 
@@ -226,6 +240,9 @@ def one_model(weights: str, args: Any, coco: str) -> list[dict[str, Any]]:
 
 
 EAGER_CANVAS = "eager fp32, tensor part + eager decoding, on the canvas"
+EAGER_ORIENTATION = (
+    f"eager fp32, tensor part + eager decoding, batch 1, on a canvas per orientation ({CANVAS} px long side)"
+)
 
 
 def picker_rows(
@@ -370,7 +387,13 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: Any, weights
         "not FCOS's forward); *whole model (batches of 8)* is the model as convergence.py scored it, each batch "
         "padded to its largest image. The differences between them and the canvas row are what the padding "
         "changes: the zeros the convolutions see at the right and bottom edges, and the P6/P7 anchor strides "
-        "torchvision derives from the padded size (a 192 px side has a 2-cell P7: stride 96, not 128).",
+        "torchvision derives from the padded size (a 192 px side has a 2-cell P7: stride 96, not 128)."
+        + (
+            " The *canvas per orientation* row (eager only) is what two fixed-shape artefacts, one for landscape "
+            "and one for portrait images, would see."
+            if any(r["name"] == EAGER_ORIENTATION for r in rows)
+            else ""
+        ),
         "",
         *(
             [
@@ -417,6 +440,13 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: Any, weights
             "",
             f"No int8 candidate was built ({len(int8)} tried): the int8 drop on this detector could not be measured "
             "through the picker here; each line above says why.",
+        ]
+    if "aoti" not in args.engines and args.precision in ("int8", "any"):
+        out += [
+            "",
+            "AOTInductor's int8 candidate (the same PT2E int8 program, compiled) was not in this run (`--engines`): "
+            "`--engines aoti --precision int8 --no-unrolled --stem optimize-aoti-int8` runs it alone "
+            "(`make bench-convergence-optimize` does).",
         ]
     return "\n".join(out) + "\n"
 
