@@ -26,12 +26,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from pytorchtricks.core import Option, PttError, Spelt, cache_root, config_first, require, resolve_device
+from pytorchtricks.core import (
+    Option,
+    PttError,
+    Spelt,
+    cache_root,
+    config_first,
+    options_of,
+    require,
+    resolve_device,
+)
 from pytorchtricks.data.baselines import DEFAULT_WORKERS
+from pytorchtricks.tune.config import TuneConfig
 
 if TYPE_CHECKING:
     from pytorchtricks.road import DataSource
-    from pytorchtricks.tune.config import TuneConfig
 
 DEFAULT_MODEL = "torchvision:resnet18"
 DEFAULT_INPUT_SIZE = 64
@@ -357,6 +366,7 @@ def _dataset(
     )
 
 
+@options_of(TuneConfig)
 def build_workload(
     model: str | nn.Module | None = None,
     data: str | None = None,
@@ -386,18 +396,17 @@ def build_workload(
         ...
         pytorchtricks.core.PttError: the model torch.nn:Identity returns (2, 3, 8, 8), but tune trains with ...
     """
-    cfg = _workload_config(model, data, config, options)
-    model, data, input_size, input_shape, num_workers, device = (
-        cfg.model, cfg.data, cfg.input_size, cfg.input_shape, cfg.num_workers, cfg.device,
+    if config is not None and (model is not None or data is not None):
+        raise PttError(
+            "pass a TuneConfig alone, or the model, the data and the options as keywords - not both."
+        )
+    fields = options if config is not None else {"model": model, "data": data, **options}
+    cfg = _checked(config_first(config, TuneConfig, fields))
+    model, data, input_size, input_shape, num_workers, device, optimizer, device_step_ms, task, split, for_ = (
+        cfg.model, cfg.data, cfg.input_size, cfg.input_shape, cfg.num_workers, cfg.device, cfg.optimizer,
+        cfg.device_step_ms, cfg.task, cfg.split, cfg.for_,
     )  # fmt: skip
     batch_size = cfg.batch_size if isinstance(cfg.batch_size, int) else None  # checked: an int or None
-    optimizer, device_step_ms, task, split, for_ = (
-        cfg.optimizer,
-        cfg.device_step_ms,
-        cfg.task,
-        cfg.split,
-        cfg.for_,
-    )
     dev = resolve_device(device)
     require("PIL", "data", package="pillow")
     if task not in ("classification", "detection"):
@@ -456,20 +465,9 @@ def build_workload(
     return _declared(out, optimizer, device_step_ms)
 
 
-def _workload_config(
-    model: str | nn.Module | None, data: str | None, config: TuneConfig | None, options: dict[str, Any]
-) -> TuneConfig:
-    """``build_workload``'s options as one checked ``TuneConfig`` (``for_`` normalised to ``train`` / ``infer``):
-    every refusal here, before anything is built."""
-    from pytorchtricks.tune.config import TuneConfig
-
-    if config is not None and (model is not None or data is not None):
-        raise PttError(
-            "pass a TuneConfig alone, or the model, the data and the options as keywords - not both."
-        )
-    cfg = config_first(
-        config, TuneConfig, {"model": model, "data": data, **options} if config is None else {}
-    )
+def _checked(cfg: TuneConfig) -> TuneConfig:
+    """``build_workload``'s options checked (``for_`` normalised to ``train`` / ``infer``): every refusal here,
+    before anything is built."""
     batch_size, for_, num_workers, step_ms = cfg.batch_size, cfg.for_, cfg.num_workers, cfg.device_step_ms
     if batch_size is not None and not isinstance(batch_size, int):
         raise PttError(f"--batch-size must be a positive integer here, not {batch_size!r}.")
