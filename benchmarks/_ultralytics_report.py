@@ -232,7 +232,7 @@ def acceptance(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     )
     fb = rows.get("first-batch", [])
     scan, cached = _first(fb, "stock", "first run: label scan"), _first(fb, "stock", "with its labels cache")
-    for case in ("first open: the pack's records read", "its labels memo present"):
+    for case in ("first open: its index and targets read cold", "opened again"):
         pk = _first(fb, "ptt-pack", case)
         if scan and pk:
             out.append(

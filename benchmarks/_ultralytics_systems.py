@@ -42,17 +42,16 @@ def integration() -> Any:
     return ptt_ultra
 
 
-def dataset(
+def trainer(
     system: str,
     yaml_path: str,
     imgsz: int,
     cache: str | None,
     batch: int,
     pack: str | None,
-    augment: bool = True,
-) -> Any:
-    """The system's training dataset over the set of ``yaml_path``, built as Ultralytics' detection trainer builds
-    it (``DetectionTrainer.build_dataset``); for the ptt systems after ``ptt.ultralytics.install(trainer)`` (what
+) -> tuple[Any, str]:
+    """Ultralytics' detection trainer for the set of ``yaml_path`` (its model only for its stride) and the folder
+    its training dataset reads: for the ptt systems after ``ptt.ultralytics.install(trainer)`` (what
     ``accelerate``'s callback runs), ``ptt-pack`` reading ``pack`` in place of the image folder."""
     quiet()
     from ultralytics.models.yolo.detect import DetectionTrainer
@@ -66,17 +65,32 @@ def dataset(
         "batch": batch,
     }
     over.update(plots=False, device="cpu", project="/tmp/ptt-ultra/runs", name="datasets", exist_ok=True)
-    trainer = DetectionTrainer(overrides=over)
-    trainer.model = DetectionModel("yolov8n.yaml", nc=len(trainer.data["names"]), verbose=False)  # its stride
-    img_path = trainer.data["train"]
+    t = DetectionTrainer(overrides=over)
+    t.model = DetectionModel("yolov8n.yaml", nc=len(t.data["names"]), verbose=False)  # its stride
+    img_path = t.data["train"]
     if system != "stock":
         ptt_ultra = integration()
-        ptt_ultra.install(trainer, match="speed" if system == "ptt-files-speed" else "stock")
+        ptt_ultra.install(t, match="speed" if system == "ptt-files-speed" else "stock")
     if system == "ptt-pack":
         if not (pack and os.path.exists(os.path.join(pack, "manifest.json"))):
             raise RuntimeError(f"ptt-pack needs the pack {pack}: run the benchmark with --prepare")
         img_path = pack
-    return trainer.build_dataset(img_path, mode="train" if augment else "val", batch=batch)
+    return t, img_path
+
+
+def dataset(
+    system: str,
+    yaml_path: str,
+    imgsz: int,
+    cache: str | None,
+    batch: int,
+    pack: str | None,
+    augment: bool = True,
+) -> Any:
+    """The system's training dataset over the set of ``yaml_path``, built as Ultralytics' detection trainer builds
+    it (``DetectionTrainer.build_dataset``) by ``trainer``'s trainer."""
+    t, img_path = trainer(system, yaml_path, imgsz, cache, batch, pack)
+    return t.build_dataset(img_path, mode="train" if augment else "val", batch=batch)
 
 
 def loader(ds: Any, batch: int, workers: int) -> Any:

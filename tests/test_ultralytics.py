@@ -34,6 +34,7 @@ from pytorchtricks.data.decode import image_size
 from pytorchtricks.data.photoset import wallpaper_sources
 from pytorchtricks.integrations import ultralytics as ptt_yolo
 from pytorchtricks.integrations.ultralytics_data import _ArenaImages
+from pytorchtricks.tune import yolo as ptt_yolo_tune
 
 N_BIG = 6  # >= 8 MP photos, as they are: the stock load decodes each at full size
 
@@ -285,13 +286,82 @@ def test_an_accelerated_dataset_pickles_for_spawned_workers(yolo_root: Path) -> 
     np.testing.assert_array_equal(back.load_image(0)[0], ours.load_image(0)[0])
 
 
-@pytest.mark.parametrize("ours", [False, True])
-def test_doctor_tune_on_their_trainer_names_the_one_line(yolo_root: Path, ours: bool) -> None:
+def test_tune_arguments_sends_their_trainer_to_its_own_tune(yolo_root: Path) -> None:
     from pytorchtricks.analysis.script_run import tune_arguments
 
     run = types.SimpleNamespace(
-        captured={"dataset": _build(yolo_root, 160, ours=ours)}, model={}, input_shape=()
+        captured={"dataset": _build(yolo_root, 160, ours=False)}, model={}, input_shape=()
     )
-    with pytest.raises(PttError, match=r"ptt\.ultralytics\.accelerate\(model\)") as got:
+    with pytest.raises(PttError, match=r"ptt doctor run --tune -- yolo train"):
         tune_arguments(run)  # type: ignore[arg-type]
-    assert ("already applied" in str(got.value)) is ours
+
+
+@pytest.mark.slow
+def test_doctor_run_tune_on_their_trainer_measures_the_one_line_and_writes_it(
+    yolo_root: Path, tmp_path: Path
+) -> None:
+    """`ptt doctor run --tune` on an unmodified Ultralytics training script: the split names its optimizer and
+    loader, tune measures stock vs accelerate on its dataset and loader, and the receipt's apply.py is the training
+    call with the one line before it (`python apply.py --check` reads the same receipt)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from ultralytics import YOLO\n"
+        f"YOLO('yolov8n.yaml').train(data={str(yolo_root / 'data.yaml')!r}, imgsz=64, epochs=3, batch=2, workers=0, "
+        f"device='cpu', plots=False, val=False, project={str(tmp_path / 'runs')!r}, name='t', exist_ok=True)\n"
+    )
+    out = tmp_path / "receipt"
+    cmd = [sys.executable, "-m", "pytorchtricks", "doctor", "run", "--steps", "5", "--warmup", "1", "--tune",
+           "--time-budget", "6", "--tune-out", str(out), "--out", str(tmp_path / "doctor"), "--", str(script)]  # fmt: skip
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200")
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert (
+        "optimizer at" in log
+        and "AdamW" in log
+        and "3 parameter groups" in log
+        and "InfiniteDataLoader" in log
+    )
+    assert "tune on Ultralytics' trainer" in log and "ptt.ultralytics.accelerate(model)" in log
+    p = json.loads((out / "receipt.json").read_text())
+    assert p["kind"] == "ultralytics" and [r["candidate"] for r in p["candidates"]] == list(
+        ptt_yolo_tune.CANDIDATES
+    )
+    by = {r["candidate"]: r for r in p["candidates"]}
+    assert by["accelerate"]["psnr_db_median"] >= 35 and by["accelerate"]["rounds"] >= 3
+    assert all(r["images_per_s"] > 0 for r in p["candidates"])
+    apply_py = (out / "apply.py").read_text()
+    compile(apply_py, "apply.py", "exec")
+    body = apply_py.split('"""', 2)[2]
+    line = ptt_yolo_tune.LINES[p["recommended"]] if p["recommended"] else "# ptt tune: the stock loader stays"
+    assert body.index(line) < body.index("model.train(") and "imgsz=64" in body
+    assert {"results.jsonl", "report.html"} <= {f.name for f in out.iterdir()}
+
+
+def test_the_receipt_of_a_yolo_cli_run_is_its_call_and_its_cli_form() -> None:
+    rows = [
+        {"candidate": n, "line": ptt_yolo_tune.LINES.get(n), "ratio": 1.0 + k, "ratio_q1": 0.9 + k,
+         "ratio_q3": 1.1 + k, "psnr_db_median": None if k == 0 else 40.0, "images_per_s": 10.0 * (1 + k),
+         "projected_gain": 1.0 + k / 2, "rounds": 5}
+        for k, n in enumerate(ptt_yolo_tune.CANDIDATES)
+    ]  # fmt: skip
+    cmd = [
+        "yolo",
+        "train",
+        "model=yolov8s.yaml",
+        "data=coco.yaml",
+        "imgsz=1280",
+        "close_mosaic=0",
+        "cache=ram",
+    ]
+    p = {"candidates": rows, "recommended": "accelerate", "why": "w", "step_from": "s", "env": {},
+         "workload": {"args": {}, "command": cmd, "trainer": "detect", "images": 9, "batch": 8, "workers": 2}}  # fmt: skip
+    text = ptt_yolo_tune.apply_yolo(p)
+    assert "model = YOLO('yolov8s.yaml')" in text
+    assert "model.train(cache='ram', close_mosaic=0, data='coco.yaml', imgsz=1280)" in text
+    assert "ptt yolo train model=yolov8s.yaml data=coco.yaml imgsz=1280 close_mosaic=0 cache=ram" in text

@@ -119,3 +119,47 @@ def test_a_file_that_disagrees_with_its_annotation_is_a_reject(coco_root, tmp_pa
     assert s["count"] == len(open_detection(coco_root)) - 1
     with pytest.raises(ptt.PttError, match="disagree"):
         pack(root, tmp_path / "q", workers=0, strict=True)
+
+
+def test_a_ptt_detection_pack_lists_every_target_in_one_checked_file(coco_root, tmp_path):
+    """targets.npz holds each record's stored target (the one its record carries, boxes scaled by --resize), in
+    record order; the same pack written twice has the same bytes; a changed file is refused; read_extras (the
+    records' metadata only) gives what read_raw gives."""
+    from pytorchtricks.data.errors import ShardError
+    from pytorchtricks.shards.targets import read_targets
+
+    s = pack(coco_root, tmp_path / "p", resize=300, workers=0, shard_size="200KB")
+    again = pack(coco_root, tmp_path / "q", resize=300, workers=0, shard_size="200KB")
+    entry = s["detection"]["targets"]
+    assert entry == again["detection"]["targets"] and entry["file"] == "targets.npz"
+    ds = ShardDataset(tmp_path / "p", decode=None)
+    cols = read_targets(str(tmp_path / "p"), entry)
+    extras = [ds.read_raw(i)[2] for i in range(len(ds))]
+    assert ds.read_extras() == extras
+    start = np.concatenate([[0], np.cumsum(cols["count"])])
+    for i, e in enumerate(extras):
+        t = e["target"]
+        assert cols["image_id"][i] == t["image_id"] and cols["size"][i].tolist() == t["size"]
+        assert cols["boxes"][start[i] : start[i + 1]].tolist() == t["boxes"]
+        assert cols["labels"][start[i] : start[i + 1]].tolist() == t["labels"]
+    blob = bytearray((tmp_path / "p" / "targets.npz").read_bytes())
+    blob[-30] ^= 1
+    (tmp_path / "p" / "targets.npz").write_bytes(bytes(blob))
+    with pytest.raises(ShardError, match="checksum"):
+        read_targets(str(tmp_path / "p"), entry)
+
+
+def test_a_classification_pack_has_no_targets_file_and_clears_a_stale_one(coco_root, tmp_path):
+    from PIL import Image
+
+    s = pack(coco_root, tmp_path / "p", workers=0)
+    assert (tmp_path / "p" / "targets.npz").is_file() and "targets" in s["detection"]
+    for k in range(2):
+        (tmp_path / "folder" / f"c{k}").mkdir(parents=True)
+        Image.new("RGB", (16, 12), (40 * k, 9, 9)).save(tmp_path / "folder" / f"c{k}" / "a.jpg")
+    (tmp_path / "q").mkdir()  # a detection pack abandoned there before its manifest: its targets.npz is stale
+    (tmp_path / "q" / "targets.npz").write_bytes((tmp_path / "p" / "targets.npz").read_bytes())
+    (tmp_path / "q" / "notes.txt").write_text("kept")
+    s = pack(tmp_path / "folder", tmp_path / "q", workers=0)
+    assert "detection" not in s and not (tmp_path / "q" / "targets.npz").exists()
+    assert (tmp_path / "q" / "notes.txt").read_text() == "kept"

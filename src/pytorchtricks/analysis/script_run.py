@@ -32,7 +32,10 @@ from pytorchtricks.analysis.step_split import (
 )
 from pytorchtricks.core import PttError
 
-__all__ = ["STAGES", "RunReport", "compare_runs", "read_summary", "run_script", "tune_arguments", "write_run"]
+__all__ = [
+    "STAGES", "RunReport", "compare_runs", "read_summary", "run_script", "tune_arguments", "ultralytics_dataset",
+    "write_run",
+]  # fmt: skip
 
 
 def _torch_state() -> dict[str, Any]:
@@ -245,28 +248,28 @@ def write_run(
     return path
 
 
+def ultralytics_dataset(r: RunReport) -> Any:
+    """The Ultralytics dataset the run's loader read (inside any wrappers), or None for any other dataset."""
+    from pytorchtricks.analysis.step_split import inner_dataset
+
+    ds = r.captured.get("dataset")
+    if ds is None:
+        return None
+    inner = inner_dataset(ds)[0]
+    return inner if any(c.__module__.startswith("ultralytics.") for c in type(inner).__mro__) else None
+
+
 def tune_arguments(r: RunReport) -> dict[str, Any]:
     """What ``ptt tune`` needs from a run, from the script's own objects: its model (a copy), its optimizer's name
     and hyper-parameters, its dataset's folder (an ImageFolder's root; else synthetic data of its input shape), its
     batch, input shape and loader workers. Raises ``PttError`` when the run captured no model or optimizer."""
     import copy
 
-    from pytorchtricks.analysis.step_split import inner_dataset
-
     ds = r.captured.get("dataset")
-    mro = [c.__module__ for c in type(inner_dataset(ds)[0]).__mro__]
-    if any(m.startswith("ultralytics.") for m in mro):
-        done = any(m.startswith("pytorchtricks.") for m in mro)
+    if ultralytics_dataset(r) is not None:
         raise PttError(
-            "--tune runs its candidates on a torchvision-style model and loss; this is Ultralytics' trainer. Its data "
-            "pipeline's candidate is one line before model.train(...): ptt.ultralytics.accelerate(model) (the yolo "
-            "CLI: `ptt yolo train ...` with the same arguments; pip install 'pytorchtricks[ultralytics]')"
-            + (
-                ", already applied in this run."
-                if done
-                else ". Check it with `ptt doctor run --compare RESULTS -- ptt yolo train ...`, RESULTS this run's "
-                "results.jsonl."
-            )
+            "this run trains with Ultralytics' trainer: its tune is tune.yolo (`ptt doctor run --tune -- yolo train "
+            "...` runs it), which measures its data pipeline stock and through ptt.ultralytics.accelerate(model)."
         )
     model, opt = r.captured.get("model"), r.captured.get("optimizer")
     if model is None or opt is None or len(r.input_shape) != 4:

@@ -170,10 +170,12 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     console.print(f"results: {path}; report: {os.path.join(args.out, 'report.html')}", highlight=False)
     if not args.tune:
         return 0
-    from pytorchtricks.analysis.script_run import tune_arguments
+    from pytorchtricks.analysis.script_run import tune_arguments, ultralytics_dataset
     from pytorchtricks.tune.console import RichProgress, receipt_table, summary_lines
     from pytorchtricks.tune.engine import tune_model
 
+    if ultralytics_dataset(r) is not None:
+        return _tune_yolo(args, r, ultralytics_dataset(r), command, console)
     kw = tune_arguments(r)
     console.print(
         f"tune on the script's objects: {r.model['class']}, {kw['optimizer'][0]} {kw['optimizer'][1]}, data "
@@ -192,6 +194,44 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     for line in summary_lines(res, args.tune_out):
         console.print(line, highlight=False)
     return 130 if res.interrupted else 0
+
+
+def _tune_yolo(args: argparse.Namespace, r: Any, ds: Any, command: list[str], console: Any) -> int:
+    """``--tune`` on Ultralytics' trainer: its data pipeline stock vs ``ptt.ultralytics.accelerate`` (tune.yolo)."""
+    from rich.table import Table
+
+    from pytorchtricks.tune.console import RichProgress
+    from pytorchtricks.tune.yolo import tune_yolo, yolo_workload
+
+    m = r.mean_s()
+    loader = r.loaders[0] if r.loaders else {}
+    w = yolo_workload(ds, r.captured.get("model"), loader, command, max(0.0, m["step"] - m["data wait"]))
+    console.print(
+        f"tune on Ultralytics' trainer: its {w.trainer} training set ({w.images} images), batch {w.batch}, "
+        f"{w.workers} workers; candidates: its stock loader, ptt.ultralytics.accelerate (match stock, speed)",
+        highlight=False,
+    )
+    p = tune_yolo(
+        w, out=args.tune_out, time_budget_s=args.time_budget, device_step_ms=args.device_step_ms,
+        progress=RichProgress(console),
+    )  # fmt: skip
+    table = Table(title=f"its data pipeline ({p['rounds']} interleaved rounds)")
+    for col in ("candidate", "images/s", "vs stock (IQR)", "PSNR vs stock", "projected step", "recommended"):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
+    for c in p["candidates"]:
+        table.add_row(
+            c["line"] or "stock",
+            f"{c['images_per_s']:.1f}",
+            f"{c['ratio']:.2f}x ({c['ratio_q1']:.2f}-{c['ratio_q3']:.2f})",
+            "-" if c["psnr_db_median"] is None else f"{c['psnr_db_median']:.1f} dB",
+            f"{c['projected_gain']:.2f}x" if c.get("projected_gain") else "-",
+            "yes" if c["recommended"] else "",
+        )
+    console.print(table)
+    console.print(f"projected with {p['step_from']}", highlight=False)
+    console.print(("recommended: " if p["recommended"] else "") + p["why"], highlight=False)
+    console.print(f"receipt: {args.tune_out} (apply.py, report.html, results.jsonl)", highlight=False)
+    return 0
 
 
 def _cmd_doctor_script(args: argparse.Namespace) -> int:

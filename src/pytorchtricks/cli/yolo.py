@@ -16,6 +16,13 @@ def _add_yolo(sub: Any) -> None:
         "ptt.ultralytics.accelerate() installed for every trainer it makes. Example: ptt yolo train "
         "model=yolov8n.yaml data=data.yaml imgsz=640 epochs=100",
     )
+    p.add_argument(
+        "--match",
+        choices=("stock", "speed"),
+        default="stock",
+        help="stock: pixels within 35 dB of Ultralytics' own load (default); speed: the largest DCT scale, fewer "
+        "pixels decoded (before the yolo arguments: ptt yolo --match speed train ...)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="what `yolo` takes: MODE key=value ...")
     p.set_defaults(handler=_cmd_yolo)
 
@@ -23,4 +30,4 @@ def _add_yolo(sub: Any) -> None:
 def _cmd_yolo(args: argparse.Namespace) -> int:
     from pytorchtricks.integrations.ultralytics import run_yolo
 
-    return run_yolo(list(args.args))
+    return run_yolo(list(args.args), match=args.match)

@@ -59,7 +59,7 @@ from typing import Any
 
 from pytorchtricks.core import NoEffectWarning, require
 
-__all__ = ["TASKS", "accelerate", "install", "run_yolo"]
+__all__ = ["TASKS", "accelerate", "install", "run_yolo", "train_dataset", "train_loader"]
 
 TASKS = ("detect", "segment", "pose", "obb")  # the tasks whose datasets are Ultralytics' YOLODataset
 _SWAP = threading.RLock()
@@ -213,6 +213,31 @@ def _dataset_class_swapped(log: Any, match: str) -> Iterator[None]:
             build.YOLODataset = stock
 
 
+def train_dataset(
+    cfg: Any, img_path: Any, batch: int, data: dict[str, Any], stride: int, *, match: str | None = None
+) -> Any:
+    """The training dataset Ultralytics' trainer builds from its arguments ``cfg`` (``build_yolo_dataset``, mode
+    ``train``: mosaic and its augmentations on): stock with ``match=None``, else read through pytorchtricks as
+    ``accelerate(model, match=match)`` makes it. What ``ptt doctor run --tune`` measures, on the trainer's own
+    arguments. ``cfg``: its ``args`` namespace or a dict of them."""
+    from ultralytics.data.build import build_yolo_dataset
+    from ultralytics.utils import LOGGER, IterableSimpleNamespace
+
+    ns = cfg if not isinstance(cfg, dict) else IterableSimpleNamespace(**cfg)
+    if match is None:
+        return build_yolo_dataset(ns, img_path, batch, data, mode="train", stride=stride)
+    with _dataset_class_swapped(LOGGER, match):
+        return build_yolo_dataset(ns, img_path, batch, data, mode="train", stride=stride)
+
+
+def train_loader(ds: Any, batch: int, workers: int) -> Any:
+    """Ultralytics' own training loader over ``ds`` (``build_dataloader``: its InfiniteDataLoader, sampler and
+    collate), on CPU memory."""
+    from ultralytics.data.build import build_dataloader
+
+    return build_dataloader(ds, batch, workers, shuffle=True, rank=-1, pin_memory=False, device="cpu")
+
+
 def _set_workers(trainer: Any, workers: int | None, log: Any) -> None:
     if workers is not None:
         trainer.args.workers = workers
@@ -234,11 +259,11 @@ def _set_workers(trainer: Any, workers: int | None, log: Any) -> None:
     )
 
 
-def run_yolo(argv: Sequence[str]) -> int:
-    """Ultralytics' ``yolo`` entry point on ``argv`` (``["train", "model=...", ...]``) with ``accelerate()`` installed
-    for every trainer of the process: what ``ptt yolo ...`` runs."""
+def run_yolo(argv: Sequence[str], *, match: str = "stock") -> int:
+    """Ultralytics' ``yolo`` entry point on ``argv`` (``["train", "model=...", ...]``) with ``accelerate(match=...)``
+    installed for every trainer of the process: what ``ptt yolo ...`` runs."""
     sys.argv[:] = ["yolo", *argv]  # in place: Ultralytics reads the list it captured at import
-    accelerate()
+    accelerate(match=match)
     from ultralytics.cfg import entrypoint
 
     entrypoint()

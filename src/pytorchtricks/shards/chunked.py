@@ -398,6 +398,10 @@ def merge_chunks(plan: Plan, n: int, target: Target) -> dict[str, Any]:
         buf = io.BytesIO()
         np.save(buf, index, allow_pickle=False)
         target.write_bytes(layout.INDEX, buf.getvalue())
+        if "detection" in manifest and not target.remote:  # every target in one file (a bucket's pack: none)
+            from pytorchtricks.shards.targets import write_targets
+
+            manifest["detection"]["targets"] = write_targets(target.dst, index, shards)
     if plan.verify and not target.remote:
         from pytorchtricks.shards.inspect import verify_shards
 
@@ -418,6 +422,7 @@ def clean(target: Target, manifest: dict[str, Any]) -> None:
             or (".tmp" in name and layout.is_pack_file(name))
             or (name.startswith("shard-") and layout.is_pack_file(name) and name not in keep)
             or (name == layout.INDEX and manifest["format"] != "ptt")
+            or (name == layout.TARGETS and "targets" not in (manifest.get("detection") or {}))
         )
         if stale:
             target.remove(name)

@@ -181,6 +181,16 @@ class ShardDataset:
             payload = payload.copy()  # writable and detached from the memory map
         return payload, label, extras
 
+    def read_extras(self) -> list[dict[str, Any]]:
+        """Every record's extras (a detection pack's targets), in record order, reading only each record's
+        metadata (``ptt_format.read_metas``: a page per record, not the whole pack). Not CRC-checked here: the CRC
+        covers the whole record, and ``read_raw`` of the record checks it. An LMDB or remote pack reads whole
+        records."""
+        index = self._rows()
+        if self.format != "ptt" or self._remote is not None:
+            return [self.read_raw(i)[2] for i in range(self._count)]
+        return [m.get("extras") or {} for m in ptt_format.read_metas(self.path, index, self._shards)]
+
     def _map_shard(self, sid: int, i: int) -> Any:
         """Map shard ``sid`` on its first read in this process, after checking it against manifest and index."""
         from pytorchtricks.shards.ptt_format import MappedShard

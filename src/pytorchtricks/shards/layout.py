@@ -22,6 +22,7 @@ MANIFEST = "manifest.json"
 INDEX = "index.npy"
 JOURNAL = ".pack-journal.json"
 LMDB_DIR = "data.lmdb"
+TARGETS = "targets.npz"  # a ptt detection pack's targets as flat columns (``shards.targets.write_targets``)
 _UNITS = {
     "": 1,
     "B": 1,
@@ -76,9 +77,9 @@ def brace_pattern(n: int) -> str:
 
 def is_pack_file(name: str) -> bool:
     return (
-        name in (MANIFEST, INDEX, JOURNAL, LMDB_DIR, LMDB_DIR + ".tmp")
+        name in (MANIFEST, INDEX, JOURNAL, LMDB_DIR, LMDB_DIR + ".tmp", TARGETS)
         or (name.startswith("shard-") and (".ptt" in name or ".tar" in name))
-        or (name.startswith((MANIFEST, INDEX, JOURNAL)) and ".tmp" in name)
+        or (name.startswith((MANIFEST, INDEX, JOURNAL, TARGETS)) and ".tmp" in name)
     )
 
 

@@ -16,6 +16,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from pytorchtricks.data.errors import ShardError
 from pytorchtricks.shards import layout
 from pytorchtricks.shards.layout import INDEX_DTYPE, open_regular
-from pytorchtricks.shards.record import crc32
+from pytorchtricks.shards.record import crc32, decode_meta
 
 MAGIC = b"PTTSHRD1"
 _HDR = struct.Struct("<8sI")
@@ -172,3 +173,32 @@ def check_ptt_shard(path: str, entry: dict[str, Any], rows: np.ndarray, record: 
             path=path,
             record=record,
         )
+
+
+def read_metas(dst: str, index: np.ndarray, shards: Any) -> Iterator[dict[str, Any]]:
+    """Each record's metadata (``record.decode_meta``: label, kind, extras), in index order, without its payload:
+    a ``pread`` of each record's first bytes with readahead off (a cold pack costs about a page per record, not
+    the whole pack). Not CRC-checked: the CRC covers the whole record, which a payload read checks."""
+    c_shard, c_offset, c_length, c_label = (
+        index[f].view(np.ndarray) for f in ("shard", "offset", "length", "label")
+    )
+    first = 0
+    for sid, entry in enumerate(shards):
+        lo, hi = first, first + int(entry["count"])
+        first = hi
+        if hi <= lo:
+            continue
+        path = os.path.join(dst, entry["name"])
+        if int(c_shard[lo]) != sid or int(c_shard[hi - 1]) != sid:
+            raise ShardError(f"index rows {lo}-{hi - 1} do not name shard {sid}", path=path, record=lo)
+        with open_regular(path) as fh:
+            fd = fh.fileno()
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for i in range(lo, hi):
+                off, n = int(c_offset[i]), int(c_length[i])
+                head = os.pread(fd, min(n, 1024), off)
+                want = 4 + int.from_bytes(head[:4], "little") if len(head) >= 4 else 0
+                if want > len(head):
+                    head = os.pread(fd, min(n, want), off)
+                yield decode_meta(head, path=path, index=i, label=int(c_label[i]), total=n)[0]

@@ -56,7 +56,34 @@ def decode_record(
         raise ShardError(
             "CRC32 mismatch: the record is corrupt (re-pack or restore the shard)", path=path, record=index
         )
-    n = len(rec)
+    meta, mlen = decode_meta(rec, path=path, index=index, label=label)
+    kind = meta["kind"]
+    stored = meta["label"]
+    extras = meta.get("extras") or {}
+    body = rec[4 + mlen :]
+    if kind == "raw":
+        try:
+            shape = tuple(int(s) for s in meta["shape"])
+            if any(s < 0 for s in shape) or int(np.prod(shape, dtype=object)) != len(body):
+                raise ValueError(f"shape {shape} does not hold {len(body)} bytes")
+            arr = np.frombuffer(body, dtype=np.uint8).reshape(shape)
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+            raise ShardError(f"raw record does not match its shape: {exc}", path=path, record=index) from exc
+        return arr, stored, extras
+    return bytes(body), stored, extras
+
+
+def decode_meta(
+    rec: Any, *, path: str, index: int, label: int | None = None, total: int | None = None
+) -> tuple[dict[str, Any], int]:
+    """``(meta, meta_len)`` of a record from its first bytes (``rec`` may stop after the metadata: ``total`` is
+    the whole record's length then). Not CRC-checked: the CRC covers the whole record, which the payload's read
+    checks (``decode_record``).
+
+    Raises:
+        ShardError: truncated record, malformed metadata or a label that differs from the index.
+    """
+    n = len(rec) if total is None else total
     if n < 4:
         raise ShardError(f"record too short ({n} bytes)", path=path, record=index)
     (mlen,) = _U32.unpack_from(rec, 0)
@@ -64,6 +91,8 @@ def decode_record(
         raise ShardError(
             f"record metadata length {mlen} exceeds the record ({n} bytes)", path=path, record=index
         )
+    if 4 + mlen > len(rec):
+        raise ShardError(f"record metadata cut at {len(rec)} bytes of {4 + mlen}", path=path, record=index)
     try:
         meta = json.loads(bytes(rec[4 : 4 + mlen]))
         if not isinstance(meta, dict):
@@ -84,14 +113,4 @@ def decode_record(
             path=path,
             record=index,
         )
-    body = rec[4 + mlen :]
-    if kind == "raw":
-        try:
-            shape = tuple(int(s) for s in meta["shape"])
-            if any(s < 0 for s in shape) or int(np.prod(shape, dtype=object)) != len(body):
-                raise ValueError(f"shape {shape} does not hold {len(body)} bytes")
-            arr = np.frombuffer(body, dtype=np.uint8).reshape(shape)
-        except (KeyError, ValueError, TypeError, OverflowError) as exc:
-            raise ShardError(f"raw record does not match its shape: {exc}", path=path, record=index) from exc
-        return arr, stored, extras
-    return bytes(body), stored, extras
+    return meta, mlen

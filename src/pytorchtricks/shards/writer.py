@@ -589,7 +589,12 @@ def _finish(
     if fmt == "tar" and files:
         manifest["pattern"] = layout.brace_pattern(len(files))
     if fmt == "ptt":
-        layout.save_index(dst, ptt_index(dst, manifest))
+        index = ptt_index(dst, manifest)
+        layout.save_index(dst, index)
+        if "detection" in manifest:  # every target in one file, for readers that need them all at once
+            from pytorchtricks.shards.targets import write_targets
+
+            manifest["detection"]["targets"] = write_targets(dst, index, manifest["shards"])
     elif fmt == "lmdb":
         layout.save_index(dst, lmdb_index(os.path.join(dst, layout.LMDB_DIR), manifest["count"]))
     if verify:
@@ -621,6 +626,7 @@ def _clean(dst: str, fmt: str, manifest: dict[str, Any]) -> None:
             or (name.startswith("shard-") and layout.is_pack_file(name) and name not in keep)
             or (name == layout.INDEX and fmt == "tar")
             or (name == layout.LMDB_DIR and fmt != "lmdb")
+            or (name == layout.TARGETS and "targets" not in (manifest.get("detection") or {}))
         )
         if stale:
             if os.path.isdir(path) and not os.path.islink(path):

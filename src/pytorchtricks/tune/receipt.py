@@ -472,27 +472,42 @@ RECEIPT_FILES = ("results.jsonl", "apply.py", "report.html", "receipt.json")
 
 
 def write_receipt(res: TuneResult, out_dir: str) -> str:
-    """Write the receipt of ``res`` to ``out_dir`` atomically; returns the folder.
+    """Write the receipt of ``res`` to ``out_dir`` atomically (``write_receipt_files``); returns the folder."""
+    from pytorchtricks.report.html import render
+
+    p = payload(res)
+    return write_receipt_files(
+        out_dir,
+        rows(p),
+        {
+            "apply.py": apply_snippet(p),
+            "report.html": render(p),
+            "receipt.json": json.dumps(p, indent=1, sort_keys=True),
+        },
+    )
+
+
+def write_receipt_files(out_dir: str, results: list[dict[str, Any]], texts: dict[str, str]) -> str:
+    """Write a receipt's four files to ``out_dir`` atomically: ``results.jsonl`` (``results``, a row per line) and
+    the other ``RECEIPT_FILES`` (``texts`` by name).
 
     A new folder, or one that holds only an earlier receipt, is swapped whole (the four files change together). A
     folder that holds anything else (``--out .``, a project folder, a log beside the receipt) keeps it: each file
     of the receipt is renamed into place, ``receipt.json`` last, and nothing else there is touched."""
-    from pytorchtricks.report.html import render
-
-    p = payload(res)
+    if {"results.jsonl", *texts} != set(RECEIPT_FILES):
+        raise ValueError(
+            f"a receipt is {', '.join(RECEIPT_FILES)}; got results.jsonl, {', '.join(sorted(texts))}"
+        )
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     old = None
     try:
-        write_jsonl(os.path.join(tmp, "results.jsonl"), rows(p))
-        with open(os.path.join(tmp, "apply.py"), "w", encoding="utf-8") as fh:
-            fh.write(apply_snippet(p))
-        with open(os.path.join(tmp, "report.html"), "w", encoding="utf-8") as fh:
-            fh.write(render(p))
-        with open(os.path.join(tmp, "receipt.json"), "w", encoding="utf-8") as fh:
-            json.dump(p, fh, indent=1, sort_keys=True)
+        write_jsonl(os.path.join(tmp, "results.jsonl"), results)
+        for name, text in texts.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
         os.chmod(tmp, 0o755)
         if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - set(RECEIPT_FILES):
             for name in RECEIPT_FILES:  # receipt.json last: apply.py --check reads it

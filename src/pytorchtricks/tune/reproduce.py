@@ -135,6 +135,10 @@ def main(receipt: str, argv: list[str]) -> int:
     from pytorchtricks.quiet import import_cpp_extension_quietly
 
     import_cpp_extension_quietly()  # torch.utils.benchmark's import warns about CUDA_HOME on a driverless box
+    with open(receipt, encoding="utf-8") as fh:
+        kind = json.load(fh).get("kind")
+    if kind == "ultralytics":
+        return _main_yolo(receipt)
     try:
         r = check_receipt(receipt, steps=args.steps)
     except PttError as exc:
@@ -165,5 +169,27 @@ def main(receipt: str, argv: list[str]) -> int:
             + (", peak within 10%" if "receipt_peak_bytes" in r else "")
             + ")"
         )
+    )
+    return 0 if r["reproduced"] else 1
+
+
+def _main_yolo(receipt: str) -> int:
+    """``python apply.py --check`` of an Ultralytics receipt (``tune.yolo``): its candidates measured again."""
+    from pytorchtricks.tune.yolo import check_yolo
+
+    with open(receipt, encoding="utf-8") as fh:
+        p = json.load(fh)
+    try:
+        r = check_yolo(p)
+    except PttError as exc:
+        print(f"apply.py --check: {exc}")
+        return 2
+    print(f"candidate    {r['candidate']}")
+    print(f"stock        {r['stock_images_per_s']:.1f} images/s through its dataset and loader")
+    print(f"{r['candidate']:<12} {r['images_per_s']:.1f} images/s")
+    print(
+        f"speed-up     {r['ratio']:.2f}x (IQR {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}); the receipt measured "
+        f"{r['receipt_ratio']:.2f}x - "
+        + ("reproduced within 20%" if r["reproduced"] else "NOT reproduced within 20%")
     )
     return 0 if r["reproduced"] else 1
