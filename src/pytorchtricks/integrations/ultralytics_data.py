@@ -25,6 +25,7 @@ import numpy as np
 from pytorchtricks.core import PttError, cache_root
 from pytorchtricks.data.decode import dct_scale, decode_scaled, image_size, is_jpeg
 from pytorchtricks.data.geometry import Geometry
+from pytorchtricks.data.jpeg_scans import first_passes
 
 __all__ = [
     "MATCHES",
@@ -103,7 +104,9 @@ def read_resized(
     ``match="stock"``: one DCT scale finer than the largest the size allows, then a bilinear resize as theirs, so
     the 2-4x shrink left aliases as their full-size bilinear one does (>= 35 dB PSNR against it on >= 8 MP photos);
     ``"speed"``: the largest scale and the planar path (``data.geometry``: the planes resampled to ``hw``, RGB made
-    there) - fewer pixels decoded, closer to an area-averaged downscale than to their aliased one.
+    there) - fewer pixels decoded, closer to an area-averaged downscale than to their aliased one. Either way a
+    progressive JPEG decoded at scale 1/2 or smaller is read without its refinement scans (``data.jpeg_scans``:
+    every coefficient at its first-pass precision; the entropy decoding of those scans was most of its time).
     """
     if match not in MATCHES:
         raise PttError(f"match={match!r}: use one of {', '.join(MATCHES)}.")
@@ -114,10 +117,13 @@ def read_resized(
     h0, w0 = image_size(raw)
     if hw is None:
         hw = yolo_hw(h0, w0, imgsz)
+    denom = dct_scale((h0, w0), hw) if match == "speed" else max(1, dct_scale((h0, w0), hw) // 2)
+    if denom >= 2:  # a progressive JPEG's refinement scans: not decoded (data.jpeg_scans)
+        raw = first_passes(raw) or raw
     if match == "speed":
         out = Geometry((h0, w0), (0.0, 0.0, float(h0), float(w0)), hw).warp(raw)
     else:
-        px = decode_scaled(raw, max(1, dct_scale((h0, w0), hw) // 2))[0]
+        px = decode_scaled(raw, denom)[0]
         out = cv2.resize(px, (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
     return cv2.cvtColor(out, cv2.COLOR_RGB2BGR, dst=out)
 

@@ -184,6 +184,7 @@ def _main_yolo(receipt: str) -> int:
     except PttError as exc:
         print(f"apply.py --check: {exc}")
         return 2
+    r["reproduced"] = abs(r["ratio"] - r["receipt_ratio"]) <= TOLERANCE * r["receipt_ratio"]
     print(f"candidate    {r['candidate']}")
     print(f"stock        {r['stock_images_per_s']:.1f} images/s through its dataset and loader")
     print(f"{r['candidate']:<12} {r['images_per_s']:.1f} images/s")
