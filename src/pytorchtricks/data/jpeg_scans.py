@@ -47,7 +47,10 @@ def first_passes(data: Any) -> bytes | None:
         return None
     try:
         return _cut(b)
-    except (IndexError, struct.error):  # a segment cut short: decoded whole, where the decoder says what is wrong
+    except (
+        IndexError,
+        struct.error,
+    ):  # a segment cut short: decoded whole, where the decoder says what is wrong
         return None
 
 
