@@ -253,11 +253,23 @@ def acceptance(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                     2,
                 )
             )
-    for r in rows.get("ram", []):
-        if "error" not in r and r["system"] != "stock":
+    ram = [r for r in rows.get("ram", []) if "error" not in r]
+    stock = next((r for r in ram if r["system"] == "stock"), None)
+    for r in ram:
+        if r["system"] != "stock":
+            pss = (
+                f"; every process of the node together (PSS sum: what the node holds) {r['pss_sum_bytes'] / MIB:.0f} "
+                f"MiB vs stock's {stock['pss_sum_bytes'] / MIB:.0f} MiB, "
+                f"{(stock['pss_sum_bytes'] - r['pss_sum_bytes']) / MIB:.0f} MiB less (one copy of the cache is "
+                f"{r['cache_bytes_per_rank'][0] / MIB:.0f} MiB)"
+                if stock
+                else ""
+            )
             out.append(
-                f"- cache='ram', 2 ranks, {r['system']}: {len(r['arenas'])} arena(s) for the node "
-                f"({', '.join(f'{b / MIB:.0f}' for b in r['cache_bytes_per_rank'])} MiB as each rank sees it)"
+                f"- cache='ram', 2 ranks, {r['system']}: {len(r['arenas'])} arena for the node, mapped by both ranks "
+                f"({', '.join(f'{b / MIB:.0f}' for b in r['cache_bytes_per_rank'])} MiB as each rank sees it); "
+                f"stock: one {stock['cache_bytes_per_rank'][0] / MIB if stock else 0:.0f} MiB buffer per rank"
+                + pss
             )
     return out
 

@@ -99,3 +99,10 @@ def test_the_receipt_is_written_whole_and_reads_back(tmp_path):
     ]  # fmt: skip
     with pytest.raises(ValueError, match="a receipt is"):
         write_receipt_files(str(tmp_path / "s"), rows, {"apply.py": ""})
+
+
+def test_a_task_the_integration_does_not_read_has_no_candidate_and_says_so():
+    ds = types.SimpleNamespace(img_path="images/train", batch_size=4, stride=32)
+    model = types.SimpleNamespace(args=types.SimpleNamespace(task="classify", imgsz=224))
+    with pytest.raises(PttError, match=r"classify trainer.*no candidate"):
+        yolo.yolo_workload(ds, model, {}, ["yolo", "train"], 0.1)

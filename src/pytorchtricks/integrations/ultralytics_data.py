@@ -171,6 +171,7 @@ class PackLabels:
                 "root (images/ + labels/) with `ptt pack ROOT OUT --split train --max-side IMGSZ`."
             )
         self.dataset = ShardDataset(self.path, decode=None)
+        self._ids: np.ndarray | None = None
         self.max_side = self.manifest.get("options", {}).get("max_side")
         self.order, self.labels = self._load()
 
@@ -238,16 +239,35 @@ class PackLabels:
             }
             for k in order.tolist()
         ]
+        self.image_ids, self.sizes = cols["image_id"], cols["size"]
         return order.astype(np.int64), labels
 
     def file(self, image_id: int) -> str:
         """The name a record goes by in Ultralytics' ``im_files`` (inside the pack folder: never opened)."""
         return f"{self.path}/{image_id:09d}.jpg"
 
-    def read(self, k: int) -> bytes:
-        """Sample ``k`` (the dataset's order) as stored: the JPEG written at pack time."""
-        raw = self.dataset.read_raw(int(self.order[k]))[0]
-        return bytes(raw)
+    def record(self, name: str) -> int:
+        """The record of the image Ultralytics' ``im_files`` names ``name`` (``file``'s name: its dataset may
+        reorder its images, as ``rect`` does, so position ``i`` is not the pack's ``i``-th)."""
+        try:
+            image_id = int(os.path.basename(name).split(".", 1)[0])
+        except ValueError:
+            raise PttError(f"{name!r} is not a name of the pack {self.path}") from None
+        if self._ids is None:
+            self._ids = self.image_ids[self.order]  # ascending: the order the labels were listed in
+        k = int(np.searchsorted(self._ids, image_id))
+        if k >= len(self._ids) or self._ids[k] != image_id:
+            raise PttError(f"image {image_id} is not in the pack {self.path}")
+        return int(self.order[k])
+
+    def read(self, name: str) -> bytes:
+        """The image named ``name`` as stored: the JPEG written at pack time."""
+        return bytes(self.dataset.read_raw(self.record(name))[0])
+
+    def stored_hw(self, name: str) -> tuple[int, int]:
+        """The stored size of the image named ``name``."""
+        h, w = self.sizes[self.record(name)]
+        return int(h), int(w)
 
 
 class _Photos:
@@ -264,7 +284,7 @@ class _Photos:
         if self.pack is not None:
             if self._labels is None:
                 self._labels = PackLabels(self.pack)
-            return self._labels.read(i)
+            return self._labels.read(str(self.files[i]))
         with open(str(self.files[i]), "rb") as fh:
             return fh.read()
 
@@ -385,7 +405,7 @@ class PttReads(_Base):  # type: ignore[misc]
 
     def _ptt_raw(self, i: int) -> bytes:
         if self._ptt_pack is not None:
-            return self._ptt_pack.read(i)
+            return self._ptt_pack.read(self.im_files[i])
         with open(self.im_files[i], "rb") as fh:
             return fh.read()
 
@@ -434,8 +454,8 @@ class PttReads(_Base):  # type: ignore[misc]
 
     def _ptt_hw0(self, i: int) -> tuple[int, int]:
         """Image ``i``'s size as the stock decode sees it (upright: EXIF quarter turns swap the header's)."""
-        if self._ptt_pack is not None:
-            return tuple(self.labels[i]["shape"])  # type: ignore[return-value]
+        if self._ptt_pack is not None:  # (its labels' "shape" is gone once rect has sorted by it)
+            return self._ptt_pack.stored_hw(self.im_files[i])
         with open(self.im_files[i], "rb") as fh:
             head = fh.read(1 << 16)
         try:

@@ -79,6 +79,13 @@ def yolo_workload(
             "segment, pose and obb trainers' datasets."
         )
     args = {k: v for k, v in vars(hyp).items() if _plain(v)}
+    from pytorchtricks.integrations.ultralytics import TASKS
+
+    if args.get("task", "detect") not in TASKS:
+        raise PttError(
+            f"--tune on Ultralytics' {args.get('task')} trainer: ptt.ultralytics reads the datasets of "
+            f"{', '.join(TASKS)} (its YOLODataset); this one keeps its stock loader, so there is no candidate to measure."
+        )
     return YoloWorkload(
         args=args,
         img_path=dataset.img_path,
