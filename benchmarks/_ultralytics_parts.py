@@ -51,6 +51,19 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
         None if spec["system"] == "stock" else stock
     )  # its load of the same photo, untimed: the PSNR reference
     idx = list(range(min(len(ds), spec["n"])))
+    # rect (val) datasets sort their images by aspect ratio, each by its own sizes (a pack's round differently):
+    # position i of the stock dataset is the photo at position at[i] of this one
+    listing = sorted(os.path.basename(f) for f in stock.im_files)
+    key = {os.path.basename(f): listing.index(os.path.basename(f)) for f in stock.im_files}
+    here = {
+        (
+            int(os.path.splitext(os.path.basename(f))[0])
+            if spec["system"] == "ptt-pack"
+            else key[os.path.basename(f)]
+        ): j
+        for j, f in enumerate(ds.im_files)
+    }
+    at = [here[key[os.path.basename(stock.im_files[i])]] for i in range(len(stock))]
     mp, prog = [], []  # the original photo's size (a pack stores it shrunk) and coding, from its header
     for i in idx:
         with Image.open(stock.im_files[i]) as im:
@@ -58,12 +71,12 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
             prog.append(bool(im.info.get("progressive") or im.info.get("progression")))
     mismatched = 0
     for i in idx[:2]:  # warm-up: libraries loaded, decoder initialised
-        ds.load_image(i)
+        ds.load_image(at[i])
     ms, psnr = [], []
     for i in idx:
-        ds.ims[i] = None  # cold: never Ultralytics' buffer
+        ds.ims[at[i]] = None  # cold: never Ultralytics' buffer
         t0 = now_s()
-        im = ds.load_image(i)[0]
+        im = ds.load_image(at[i])[0]
         ms.append((now_s() - t0) * 1e3)
         if ref is not None:
             want = ref.load_image(i)[0]
