@@ -147,6 +147,10 @@ def test_a_ptt_detection_pack_lists_every_target_in_one_checked_file(coco_root, 
     (tmp_path / "p" / "targets.npz").write_bytes(bytes(blob))
     with pytest.raises(ShardError, match="checksum"):
         read_targets(str(tmp_path / "p"), entry)
+    from pytorchtricks.shards.inspect import verify_shards
+
+    assert any("targets.npz" in p and "checksum" in p for p in verify_shards(str(tmp_path / "p")))
+    assert verify_shards(str(tmp_path / "q")) == []
 
 
 def test_a_classification_pack_has_no_targets_file_and_clears_a_stale_one(coco_root, tmp_path):

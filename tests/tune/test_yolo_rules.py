@@ -106,3 +106,11 @@ def test_a_task_the_integration_does_not_read_has_no_candidate_and_says_so():
     model = types.SimpleNamespace(args=types.SimpleNamespace(task="classify", imgsz=224))
     with pytest.raises(PttError, match=r"classify trainer.*no candidate"):
         yolo.yolo_workload(ds, model, {}, ["yolo", "train"], 0.1)
+
+
+def test_a_run_that_reads_a_pack_already_has_nothing_to_compare_and_says_so(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"detection": {"format": "yolo"}}')
+    ds = types.SimpleNamespace(img_path=str(tmp_path), batch_size=4, stride=32)
+    model = types.SimpleNamespace(args=types.SimpleNamespace(task="detect", imgsz=640))
+    with pytest.raises(PttError, match="stock loader cannot read a pack"):
+        yolo.yolo_workload(ds, model, {}, ["yolo", "train"], 0.1)

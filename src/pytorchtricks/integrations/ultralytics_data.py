@@ -156,7 +156,8 @@ def is_detection_pack(path: Any) -> bool:
 class PackLabels:
     """A detection pack read as Ultralytics' label dicts: records ordered as the root listed its images (the
     records' ``image_id``), boxes normalised ``xywh`` of the stored image, classes as stored (YOLO's class index).
-    Read once per pack and kept under ``core.cache_root("ultralytics")`` by the manifest's digest."""
+    Read from the pack's ``targets.npz``; a pack written before it is read from its records' metadata once and kept
+    under ``core.cache_root("ultralytics")`` by the manifest's digest."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         from pytorchtricks.shards.dataset import ShardDataset
@@ -215,7 +216,7 @@ class PackLabels:
     def _labels(self, cols: dict[str, np.ndarray]) -> tuple[np.ndarray, list[dict[str, Any]]]:
         """The records in the order the root listed its images (``image_id``) and Ultralytics' label dicts of
         ``cols`` (``shards.targets`` columns, record order), computed for all boxes at once (a per-image numpy
-        call costs about a second per 100,000 images)."""
+        call costs about a second per 100,000 images). Keeps the image ids and stored sizes, by record."""
         counts, b, hw = cols["count"], cols["boxes"], cols["size"].astype(np.float64)
         if int(counts.sum()) != len(b) or len(cols["labels"]) != len(b):
             raise PttError(f"{self.path}: the targets' boxes, labels and counts disagree: re-run `ptt pack`.")
@@ -228,7 +229,7 @@ class PackLabels:
         ids, sizes = cols["image_id"].tolist(), cols["size"].tolist()
         labels: list[dict[str, Any]] = [
             {
-                "im_file": f"{self.path}/{ids[k]:09d}.jpg",
+                "im_file": self.file(ids[k]),
                 "shape": (sizes[k][0], sizes[k][1]),
                 "cls": cls[starts[k] : starts[k + 1]],
                 "bboxes": xywh[starts[k] : starts[k + 1]],

@@ -39,6 +39,14 @@ def verify_shards(dst: str, manifest: dict[str, Any] | None = None, *, decode: b
             problems.append(f"{path}: {size} bytes, the manifest says {s['bytes']} (truncated or replaced)")
         elif s.get("sha256") is not None and digest != s["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
+    entry = (m.get("detection") or {}).get("targets")
+    if entry is not None:  # a detection pack's targets.npz: its checksum and columns
+        from pytorchtricks.shards.targets import read_targets
+
+        try:
+            read_targets(dst, entry)
+        except ShardError as exc:
+            problems.append(str(exc))
     if problems:
         return problems
     from pytorchtricks.data.decode import decode_image

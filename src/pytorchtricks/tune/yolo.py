@@ -80,7 +80,14 @@ def yolo_workload(
         )
     args = {k: v for k, v in vars(hyp).items() if _plain(v)}
     from pytorchtricks.integrations.ultralytics import TASKS
+    from pytorchtricks.integrations.ultralytics_data import is_detection_pack
 
+    if is_detection_pack(dataset.img_path):
+        raise PttError(
+            f"this run reads the ptt pack {dataset.img_path} (through ptt.ultralytics already): Ultralytics' stock "
+            "loader cannot read a pack, so there is nothing to compare it with. Run --tune on the run that reads "
+            "the original YOLO root to measure the integration there."
+        )
     if args.get("task", "detect") not in TASKS:
         raise PttError(
             f"--tune on Ultralytics' {args.get('task')} trainer: ptt.ultralytics reads the datasets of "
@@ -194,9 +201,8 @@ def measure(
     def call(it: Any) -> Any:
         return lambda: [next(it) for _ in range(BATCHES_PER_CALL)]
 
-    def drain_prefetched(
-        name: str,
-    ) -> None:  # what its workers made while the others were timed is not its speed
+    def drain_prefetched(name: str) -> None:
+        """What its workers made while the others were timed is not its speed: taken untimed."""
         for _ in range(2 * w.workers):
             next(iters[name])
 
