@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 
 from pytorchtricks.core import PttError
 from pytorchtricks.tune import yolo
@@ -58,13 +59,16 @@ def test_the_step_projection_adds_with_0_workers_and_overlaps_with_workers():
 
 
 def test_psnr_of_equal_and_of_different_images():
+    from pytorchtricks.tune.datacheck import psnr_db  # the one tune.yolo compares pixels with
+
     a = np.full((4, 4, 3), 100, np.uint8)
-    assert yolo.psnr_db(a, a) == math.inf
+    assert psnr_db(a, a) == math.inf
     b = a.copy()
     b[0, 0, 0] = 110
-    assert math.isclose(yolo.psnr_db(a, b), 10 * math.log10(255**2 / (100 / 48)))
+    assert math.isclose(psnr_db(a, b), 10 * math.log10(255**2 / (100 / 48)))
+    assert math.isclose(psnr_db(torch.from_numpy(a), torch.from_numpy(b)), psnr_db(a, b))
     with pytest.raises(PttError, match="cannot be compared"):
-        yolo.psnr_db(a, a[:2])
+        psnr_db(a, a[:2])
 
 
 def test_a_run_whose_model_carries_no_trainer_arguments_is_refused_with_the_reason():

@@ -174,8 +174,9 @@ def _cmd_doctor_run(args: argparse.Namespace) -> int:
     from pytorchtricks.tune.console import RichProgress, receipt_table, summary_lines
     from pytorchtricks.tune.engine import tune_model
 
-    if ultralytics_dataset(r) is not None:
-        return _tune_yolo(args, r, ultralytics_dataset(r), command, console)
+    yolo_ds = ultralytics_dataset(r)
+    if yolo_ds is not None:
+        return _tune_yolo(args, r, yolo_ds, command, console)
     kw = tune_arguments(r)
     console.print(
         f"tune on the script's objects: {r.model['class']}, {kw['optimizer'][0]} {kw['optimizer'][1]}, data "

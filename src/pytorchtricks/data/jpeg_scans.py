@@ -25,9 +25,8 @@ from typing import Any
 
 __all__ = ["first_passes"]
 
-_MARKER = re.compile(
-    rb"\xff[^\x00\xd0-\xd7\xff]"
-)  # the next marker after entropy-coded data (not a stuffed FF00, RST)
+# the next marker after entropy-coded data: 0xFF not followed by a stuffed 0x00, a restart marker or a fill byte
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 def first_passes(data: Any) -> bytes | None:
@@ -47,11 +46,8 @@ def first_passes(data: Any) -> bytes | None:
         return None
     try:
         return _cut(b)
-    except (
-        IndexError,
-        struct.error,
-    ):  # a segment cut short: decoded whole, where the decoder says what is wrong
-        return None
+    except (IndexError, struct.error):
+        return None  # a segment cut short: decoded whole, where the decoder says what is wrong
 
 
 def _cut(b: bytes) -> bytes | None:

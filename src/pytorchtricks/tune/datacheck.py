@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from pytorchtricks.clock import now_s
+from pytorchtricks.core import PttError
 
 SUBSET = 96
 MIN_PSNR_DB = (
@@ -63,9 +64,12 @@ class FirstSamples:
         return raw, i if self.index_labels else label, {}
 
 
-def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio of two uint8 images (dB; inf when equal)."""
-    mse = float(((a.float() - b.float()) ** 2).mean())
+def psnr_db(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
+    """Peak signal-to-noise ratio of two uint8 images of one shape, tensors or arrays (dB; inf when equal)."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.shape != b.shape:
+        raise PttError(f"images of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    mse = float(((a.double() - b.double()) ** 2).mean())
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 

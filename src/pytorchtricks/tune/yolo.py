@@ -23,7 +23,6 @@ multi-modal set) gets no candidate, said in the error.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -147,16 +146,10 @@ def _trainer_data(args: dict[str, Any]) -> dict[str, Any]:
     return dict(check_det_dataset(args["data"]))
 
 
-def psnr_db(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR of two uint8 images of one shape, in dB (inf when equal)."""
-    if a.shape != b.shape:
-        raise PttError(f"images of shapes {a.shape} and {b.shape} cannot be compared")
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
-
-
 def _pixels(datasets: dict[str, Any]) -> dict[str, list[float]]:
     """Each candidate's PSNR against the stock load, on ``PSNR_IMAGES`` images spread over the dataset."""
+    from pytorchtricks.tune.datacheck import psnr_db
+
     stock = datasets["stock"]
     n = len(stock)
     picks = sorted({int(k) for k in np.linspace(0, n - 1, min(n, PSNR_IMAGES))})
